@@ -1,0 +1,36 @@
+# The README's two commands: `make serve` and `make test`. Both install first.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.install-stamp
+# The CPU build of torch, installed before anything can pull a CUDA build in.
+TORCH_SPEC ?= torch==2.13.0
+export RAY_USAGE_STATS_ENABLED := 0
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: install serve test lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found; set PYTHON=..."; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[test,bench]"
+	touch $(STAMP)
+
+serve: install
+	$(BIN)/python -m deployments.launch serve_config.yaml
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
+	$(BIN)/python -m pytest
+
+bench: install
+	$(BIN)/python -m bench.run
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,1 @@
+"""Tributary: a Ray Serve application that batches requests for local models."""

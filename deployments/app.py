@@ -1,0 +1,38 @@
+"""`build_app(args)`: the one place that binds deployments into an application.
+
+serve_config.yaml names `deployments.app:build_app` as its import path and passes its
+`args`; they are validated here, so a bad config fails before anything starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray import serve
+from ray.serve import Application
+
+from deployments.backends.sources import resolve_model_source
+from deployments.config import AppConfig
+from deployments.embedder import Embedder
+from deployments.ingress import Ingress
+
+
+def build_app(args: dict[str, Any]) -> Application:
+    config = AppConfig.model_validate(args)
+    for model in config.embedding_models:
+        # Fails here, with the model's name, rather than later inside a replica.
+        resolve_model_source(model.source)
+    embedders = {
+        model.name: serve.deployment(Embedder)
+        .options(
+            name=f"embed-{model.name}",
+            user_config=model.batching.model_dump(),
+            **model.deployment.to_serve(),
+        )
+        .bind(model.model_dump())
+        for model in config.embedding_models
+    }
+    ingress = serve.deployment(serve.ingress()(Ingress)).options(
+        name="ingress", **config.ingress.deployment.to_serve()
+    )
+    return ingress.bind(config.model_dump(), embedders)

@@ -1,0 +1,1 @@
+"""Model code only: load weights, tokenize, run a batch. No Ray, no HTTP."""

@@ -1,0 +1,48 @@
+"""Messages between the ingress and an embedding deployment.
+
+One `EmbedJob` is one HTTP request's inputs; the ingress sends a list of jobs (one per
+concurrent request) in a single call, and gets back one outcome per job, in order. A job
+that cannot be served (too long, bad token ids) gets an `EmbedRejection` without failing
+the other jobs of its call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class EmbedJob:
+    texts: list[str] | None = None
+    token_ids: list[list[int]] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.texts is None) == (self.token_ids is None):
+            raise ValueError("an EmbedJob has either texts or token_ids")
+
+    def __len__(self) -> int:
+        inputs = self.texts if self.texts is not None else self.token_ids
+        return len(inputs or ())
+
+
+@dataclass(frozen=True)
+class EmbedResult:
+    vectors: np.ndarray  # (inputs, dim) float32, unit length
+    token_counts: list[int]  # tokens fed to the model per input, special tokens included
+    truncated: list[int] = field(default_factory=list)  # indices of inputs that were cut
+
+
+@dataclass(frozen=True)
+class EmbedRejection:
+    """A job the model deployment refused; `status` is the HTTP status to answer."""
+
+    status: int
+    message: str
+    param: str | None = None
+    code: str | None = None
+    error_type: str = "invalid_request_error"
+
+
+EmbedOutcome = EmbedResult | EmbedRejection

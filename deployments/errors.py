@@ -1,0 +1,118 @@
+"""Every error Tributary answers with: an HTTP status and an OpenAI-style body.
+
+`{"error": {"message", "type", "param", "code"}}` is the only error shape on the wire. A
+5xx never carries an exception's text: the message is fixed here, the detail goes to logs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import orjson
+from starlette.responses import Response
+
+
+class TributaryError(Exception):
+    status: int = 500
+    error_type: str = "server_error"
+    default_code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after_s: float | None = None,
+        status: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        if status is not None:
+            self.status = status
+        self.message = message
+        self.param = param
+        self.code = code or self.default_code
+        self.retry_after_s = retry_after_s
+
+    def body(self) -> dict[str, dict[str, str | None]]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after_s is None:
+            return {}
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))}
+
+
+class InvalidRequest(TributaryError):
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class ModelNotFound(TributaryError):
+    status = 404
+    error_type = "invalid_request_error"
+    default_code = "model_not_found"
+
+
+class RouteNotFound(TributaryError):
+    status = 404
+    error_type = "invalid_request_error"
+    default_code = "not_found"
+
+
+class MethodNotAllowed(TributaryError):
+    status = 405
+    error_type = "invalid_request_error"
+    default_code = "method_not_allowed"
+
+
+class PayloadTooLarge(TributaryError):
+    status = 413
+    error_type = "invalid_request_error"
+    default_code = "payload_too_large"
+
+
+class Overloaded(TributaryError):
+    status = 503
+    error_type = "overloaded_error"
+    default_code = "server_overloaded"
+
+
+class NotReady(TributaryError):
+    status = 503
+    error_type = "server_error"
+    default_code = "not_ready"
+
+
+class InternalError(TributaryError):
+    status = 500
+    error_type = "server_error"
+    default_code = "internal_error"
+
+    def __init__(self) -> None:
+        super().__init__("The server failed to process the request.")
+
+
+class ModelFailed(TributaryError):
+    status = 500
+    error_type = "server_error"
+    default_code = "model_error"
+
+    def __init__(self) -> None:
+        super().__init__("The model failed on a batch containing this request.")
+
+
+def error_response(error: TributaryError) -> Response:
+    return Response(
+        orjson.dumps(error.body()),
+        status_code=error.status,
+        media_type="application/json",
+        headers=error.headers(),
+    )

@@ -1,0 +1,127 @@
+"""The HTTP surface of the ingress: thin FastAPI routes over an `Ingress` instance."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+
+from deployments.errors import (
+    InternalError,
+    InvalidRequest,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    RouteNotFound,
+    TributaryError,
+    error_response,
+)
+from deployments.response import to_json
+from deployments.schemas import EmbeddingRequest, EmbeddingResponse, ErrorBody, ModelList
+
+if TYPE_CHECKING:
+    from deployments.ingress import Ingress
+
+logger = logging.getLogger("ray.serve")
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": meaning}
+    for status, meaning in {
+        400: "Bad input: malformed JSON, a wrong type, an empty input, too long a text.",
+        404: "Unknown model.",
+        413: "Body or number of inputs over the configured limit.",
+        503: "Overloaded (with Retry-After) or not ready.",
+    }.items()
+}
+
+
+def build_http_app(ingress: Ingress) -> FastAPI:
+    app = FastAPI(
+        title="Tributary",
+        summary="Batched serving of local models: OpenAI-compatible embeddings.",
+        version="0.1.0",
+    )
+    _install_error_handlers(app)
+
+    @app.post(
+        "/v1/embeddings",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": EmbeddingRequest.model_json_schema()}},
+            }
+        },
+        responses={200: {"model": EmbeddingResponse}, **ERROR_RESPONSES},
+    )
+    async def embeddings(request: Request) -> Response:
+        body = await read_body(request, ingress.max_body_bytes)
+        return json_response(await ingress.embed(body))
+
+    @app.get("/v1/models", responses={200: {"model": ModelList}})
+    async def models() -> Response:
+        return json_response(ingress.list_models())
+
+    @app.get("/healthz", responses={503: {"model": ErrorBody}})
+    async def healthz() -> Response:
+        await ingress.health()
+        return json_response({"status": "ok"})
+
+    @app.get("/v1/stats")
+    async def stats() -> Response:
+        return json_response(await ingress.stats())
+
+    return app
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    return Response(to_json(body), status_code=status, media_type="application/json")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise InvalidRequest("Content-Length is not a number.")
+        if int(declared) > limit:
+            raise _too_large(int(declared), limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: int, limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"The request body is {size} bytes or more; the limit is {limit}.")
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def tributary_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, TributaryError)
+        return error_response(exc)
+
+    async def http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 404:
+            return error_response(RouteNotFound("No such route."))
+        if exc.status_code == 405:
+            return error_response(MethodNotAllowed("Method not allowed on this route."))
+        return error_response(TributaryError(str(exc.detail), status=exc.status_code))
+
+    async def validation_error(_: Request, exc: Exception) -> Response:
+        return error_response(InvalidRequest("The request is not valid."))
+
+    async def unexpected_error(_: Request, exc: Exception) -> Response:
+        logger.error("unhandled error in the ingress", exc_info=exc)
+        return error_response(InternalError())
+
+    app.add_exception_handler(TributaryError, tributary_error)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(Exception, unexpected_error)

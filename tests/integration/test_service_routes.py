@@ -1,0 +1,45 @@
+import httpx
+
+from tests.integration.conftest import Harness
+
+
+async def test_models_lists_each_model_with_its_task(client: httpx.AsyncClient) -> None:
+    body = (await client.get("/v1/models")).json()
+    assert body["object"] == "list"
+    (card,) = body["data"]
+    assert card["id"] == "fake-embedder" and card["object"] == "model"
+    assert card["task"] == "embedding" and isinstance(card["created"], int)
+
+
+async def test_healthz_follows_readiness(client: httpx.AsyncClient, harness: Harness) -> None:
+    assert (await client.get("/healthz")).status_code == 200
+    harness.problem = "Deployment tributary/embed is UPDATING."
+    response = await client.get("/healthz")
+    assert response.status_code == 503
+    assert response.json()["error"]["message"] == "Deployment tributary/embed is UPDATING."
+
+
+async def test_unknown_routes_and_methods_answer_in_the_error_shape(
+    client: httpx.AsyncClient,
+) -> None:
+    missing = await client.get("/v1/nothing")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    wrong_method = await client.get("/v1/embeddings")
+    assert wrong_method.status_code == 405
+    assert wrong_method.json()["error"]["code"] == "method_not_allowed"
+
+
+async def test_stats_report_coalescing_and_replica_counters(
+    client: httpx.AsyncClient,
+) -> None:
+    await client.post("/v1/embeddings", json={"model": "fake-embedder", "input": "a"})
+    stats = (await client.get("/v1/stats")).json()["models"]["fake-embedder"]
+    assert stats["ingress"]["calls"] == 1 and stats["ingress"]["jobs"] == 1
+    assert stats["replica"]["batches"] == 1
+
+
+async def test_openapi_documents_the_request_schema(client: httpx.AsyncClient) -> None:
+    spec = (await client.get("/openapi.json")).json()
+    body = spec["paths"]["/v1/embeddings"]["post"]["requestBody"]
+    schema = body["content"]["application/json"]["schema"]
+    assert {"model", "input"} <= set(schema["required"])

