@@ -30,7 +30,7 @@ test: lint
 	$(BIN)/python -m pytest
 
 bench: install
-	$(BIN)/python -m bench.run
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -20,6 +20,9 @@ class ActorOptions(StrictModel):
     num_cpus: float = Field(1.0, ge=0)
     num_gpus: float = Field(0.0, ge=0)
     memory: int | None = Field(None, gt=0, description="Bytes of RAM to reserve.")
+    runtime_env: dict[str, Any] | None = Field(
+        None, description="Ray runtime_env of the replicas, e.g. {env_vars: {...}}."
+    )
 
     def to_ray(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)

@@ -13,6 +13,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import (
+    BackPressureError,
+    DeploymentUnavailableError,
+    ReplicaUnavailableError,
+)
+
 from deployments.config import AppConfig, EmbeddingModelConfig
 from deployments.core.coalescer import Coalescer, QueueFull
 from deployments.core.jobs import EmbedJob, EmbedOutcome, EmbedRejection
@@ -126,7 +133,15 @@ class Ingress:
 
 def _caller(handle: Any) -> Callable[[list[EmbedJob]], Awaitable[list[EmbedOutcome]]]:
     async def call(jobs: list[EmbedJob]) -> list[EmbedOutcome]:
-        return await handle.embed_jobs.remote(jobs)
+        try:
+            return await handle.embed_jobs.remote(jobs)
+        except BackPressureError as exc:
+            raise Overloaded("The model's queue is full; retry shortly.", retry_after_s=1) from exc
+        except (RayActorError, DeploymentUnavailableError, ReplicaUnavailableError) as exc:
+            logger.warning("model replica unavailable: %r", exc)
+            raise NotReady(
+                "The model is restarting or unavailable; retry shortly.", retry_after_s=2
+            ) from exc
 
     return call
 

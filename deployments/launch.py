@@ -1,35 +1,65 @@
 """Run a Serve config in the foreground on a Ray instance of its own.
 
-`make serve` and the serve tests both start Tributary through this module, so the tests
-exercise exactly what a user runs. It sets the process-level switches that must be in
-place before Ray starts (they are inherited by the Serve controller and every replica),
-then hands over to `serve run`. Ctrl-C makes `serve run` shut Serve down, and the Ray
-instance it started goes with it.
+`make serve`, the serve tests and the benchmark all start Tributary through this module,
+so the tests exercise what a user runs. It sets the process-level switches that must be in
+place before Ray starts (the Serve controller and every replica inherit them), then hands
+over to `serve run`. Ctrl-C makes `serve run` shut Serve down, and the Ray instance it
+started goes with it.
+
+    python -m deployments.launch [--mode throughput|haproxy|proxy] [serve_config.yaml]
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
-# Set before Ray starts: a local instance of our own (never someone else's cluster), no
-# usage reporting (no internet here), and the Serve options that measured best on a
-# small machine (docs/benchmarks.md explains each).
-RAY_ENVIRONMENT = {
+# Always: a local Ray instance of our own (never someone else's cluster) and no usage
+# reporting (there may be no internet to report to).
+BASE_ENVIRONMENT = {
     "RAY_ADDRESS": "local",
     "RAY_USAGE_STATS_ENABLED": "0",
 }
 
+# How HTTP reaches the ingress replica. docs/benchmarks.md has the measurements behind
+# the default; `make bench` repeats them side by side.
+SERVE_MODES: dict[str, dict[str, str]] = {
+    # Serve's Python proxy actor in front of the ingress: one more hop and process.
+    "proxy": {},
+    # HAProxy on the HTTP port, forwarding straight to the ingress replica's own HTTP
+    # server (direct ingress): no Python proxy in the path.
+    "haproxy": {
+        "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    },
+    # The same, plus Serve's throughput preset: user code on the replica's main event
+    # loop, gRPC between deployments, the router on the caller's loop, GC frozen after
+    # start-up.
+    "throughput": {
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    },
+}
+DEFAULT_MODE = "throughput"
+
 
 def main(argv: list[str]) -> None:
-    config = argv[0] if argv else "serve_config.yaml"
-    if not Path(config).is_file():
-        sys.exit(f"no such Serve config: {config}")
-    for key, value in RAY_ENVIRONMENT.items():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=sorted(SERVE_MODES), default=DEFAULT_MODE)
+    parser.add_argument("config", nargs="?", default="serve_config.yaml")
+    args, serve_args = parser.parse_known_args(argv)
+    if not Path(args.config).is_file():
+        parser.error(f"no such Serve config: {args.config}")
+    for key, value in {**BASE_ENVIRONMENT, **SERVE_MODES[args.mode]}.items():
         os.environ.setdefault(key, value)
+    # A shell starts background jobs with SIGINT ignored, and Python keeps an ignored
+    # SIGINT ignored; restore the default so `serve run` turns SIGINT into a clean stop.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     serve = Path(sys.executable).with_name("serve")
-    os.execv(serve, [str(serve), "run", config, *argv[1:]])
+    os.execv(serve, [str(serve), "run", args.config, *serve_args])
 
 
 if __name__ == "__main__":

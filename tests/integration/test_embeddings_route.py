@@ -206,3 +206,25 @@ async def test_past_the_pending_bound_requests_get_503_with_retry_after(
     assert refused.headers["retry-after"] == "1"
     harness.embedder.gate.set()
     assert all(r.status_code == 200 for r in await asyncio.gather(busy, *queued))
+
+
+async def test_serves_back_pressure_becomes_503_with_retry_after(
+    client: httpx.AsyncClient, harness: Harness
+) -> None:
+    from ray.serve.exceptions import BackPressureError
+
+    harness.embedder.fail = BackPressureError(num_queued_requests=256, max_queued_requests=256)
+    response = await client.post("/v1/embeddings", json={"model": MODEL, "input": "a"})
+    assert assert_error(response, 503)["code"] == "server_overloaded"
+    assert response.headers["retry-after"] == "1"
+
+
+async def test_a_dead_replica_becomes_503_not_500(
+    client: httpx.AsyncClient, harness: Harness
+) -> None:
+    from ray.exceptions import ActorDiedError
+
+    harness.embedder.fail = ActorDiedError()
+    response = await client.post("/v1/embeddings", json={"model": MODEL, "input": "a"})
+    assert assert_error(response, 503)["code"] == "not_ready"
+    assert "retry-after" in response.headers

@@ -1,0 +1,1 @@
+"""Benchmark tooling for Tributary: load generator, bare-model baseline, text corpus."""

@@ -1,0 +1,136 @@
+"""Start and stop a Tributary server the way `make serve` does, for benchmarks and tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def load_config(path: Path = ROOT / "serve_config.yaml") -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+@dataclass
+class Server:
+    port: int
+    process: subprocess.Popen
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+
+@contextmanager
+def running_server(
+    config: dict,
+    workdir: Path,
+    mode: str | None = None,
+    startup_timeout_s: float = 240,
+) -> Iterator[Server]:
+    """Serves `config` on a free port; on exit stops it like Ctrl-C and raises if any
+    process it started outlives that."""
+    config = {**config, "http_options": {**config.get("http_options", {}), "port": free_port()}}
+    config_path = workdir / "serve_config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    log = workdir / "serve.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "deployments.launch",
+                *(["--mode", mode] if mode else []),
+                str(config_path),
+            ],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own group: a last-resort kill hits only it
+        )
+    server = Server(config["http_options"]["port"], process, log)
+    try:
+        wait_until_healthy(server, startup_timeout_s)
+        yield server
+    finally:
+        leftovers = stop_like_ctrl_c(process)
+    if leftovers:
+        raise RuntimeError(f"processes outlived Ctrl-C: {sorted(leftovers)}")
+
+
+def wait_until_healthy(server: Server, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited early:\n{server.log_tail()}")
+        try:
+            if httpx.get(f"{server.url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"server not healthy within {timeout_s}s:\n{server.log_tail()}")
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid`, read from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found: set[int] = set()
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    return {pid for pid in pids if Path(f"/proc/{pid}").exists()}
+
+
+def stop_like_ctrl_c(process: subprocess.Popen, timeout_s: float = 60) -> set[int]:
+    """Sends SIGINT, waits, and returns the processes it had started that outlived it
+    (after killing them, so that a failed check leaves nothing running)."""
+    started = descendants(process.pid)
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    deadline = time.monotonic() + 30
+    while alive(started) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    leftovers = alive(started)
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    return leftovers
