@@ -24,6 +24,11 @@ BASE_ENVIRONMENT = {
     "RAY_USAGE_STATS_ENABLED": "0",
 }
 
+# A direct-ingress replica that stops keeps serving for this long so that load balancers
+# notice; here HAProxy runs on the same node and is reconfigured within a second, and
+# Serve's 30 s default would make every Ctrl-C and rolling update wait half a minute.
+DRAINING = {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "5"}
+
 # How HTTP reaches the ingress replica. docs/benchmarks.md has the measurements behind
 # the default; `make bench` repeats them side by side.
 SERVE_MODES: dict[str, dict[str, str]] = {
@@ -34,6 +39,7 @@ SERVE_MODES: dict[str, dict[str, str]] = {
     "haproxy": {
         "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        **DRAINING,
     },
     # The same, plus Serve's throughput preset: user code on the replica's main event
     # loop, gRPC between deployments, the router on the caller's loop, GC frozen after
@@ -41,6 +47,7 @@ SERVE_MODES: dict[str, dict[str, str]] = {
     "throughput": {
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        **DRAINING,
     },
 }
 DEFAULT_MODE = "throughput"
