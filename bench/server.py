@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -34,10 +35,19 @@ class Server:
     port: int
     process: subprocess.Popen
     log: Path
+    config_path: Path
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def dashboard_url(self) -> str:
+        """The Ray dashboard of this server's own Ray instance (what `serve deploy` talks
+        to); its port moves when 8265 is taken, so it is read from the log."""
+        found = re.search(r"dashboard at \S*(http://[0-9.]+:[0-9]+)", self.log.read_text())
+        if found is None:
+            raise RuntimeError(f"no dashboard address in the log:\n{self.log_tail()}")
+        return found.group(1)
 
     def log_tail(self, chars: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-chars:]
@@ -70,7 +80,7 @@ def running_server(
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own group: a last-resort kill hits only it
         )
-    server = Server(config["http_options"]["port"], process, log)
+    server = Server(config["http_options"]["port"], process, log, config_path)
     try:
         wait_until_healthy(server, startup_timeout_s)
         yield server

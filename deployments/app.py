@@ -25,6 +25,9 @@ def build_app(args: dict[str, Any]) -> Application:
             resolve_model_source(model.source)
         except ModelSourceError as exc:
             raise ModelSourceError(f"embedding model {model.name!r}: {exc}") from None
+    # Batch knobs travel only as each model deployment's user_config: changing them with
+    # `serve deploy` then reconfigures the running replicas in place, where a change to
+    # any constructor argument would restart them.
     embedders = {
         model.name: serve.deployment(Embedder)
         .options(
@@ -32,10 +35,11 @@ def build_app(args: dict[str, Any]) -> Application:
             user_config=model.batching.model_dump(),
             **model.deployment.to_serve(),
         )
-        .bind(model.model_dump())
+        .bind(model.model_dump(exclude={"batching"}))
         for model in config.embedding_models
     }
     ingress = serve.deployment(serve.ingress()(Ingress)).options(
         name="ingress", **config.ingress.deployment.to_serve()
     )
-    return ingress.bind(config.model_dump(), embedders)
+    without_batching = {"embedding_models": {"__all__": {"batching"}}}
+    return ingress.bind(config.model_dump(exclude=without_batching), embedders)

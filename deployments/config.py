@@ -90,6 +90,12 @@ class IngressConfig(StrictModel):
         description="Concurrent calls from one ingress replica to one model deployment; "
         "requests arriving while all are busy are coalesced into the next call.",
     )
+    max_group_items: int = Field(
+        256,
+        ge=1,
+        description="Most inputs in one call from the ingress to a model (a larger "
+        "request still goes, alone).",
+    )
     max_pending_items: int = Field(
         4096,
         ge=1,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -43,6 +44,7 @@ class Embedder:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         self.backend = SentenceEmbedder(resolve_model_source(config.source), device)
         self.worker = EmbeddingWorker(self.backend, config, BatchBudget(1, 1))
+        self.batching = config.batching
         self.reconfigure(config.batching.model_dump())
         self._batches = 0
         self._items = 0
@@ -55,6 +57,7 @@ class Embedder:
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         settings = BatchSettings.model_validate(user_config)
+        self.batching = settings
         self.worker.budget.max_batch_size = settings.max_batch_size
         self.worker.budget.max_batch_tokens = settings.max_batch_tokens
         self._run_batch.set_max_batch_size(settings.max_batch_size)
@@ -66,6 +69,8 @@ class Embedder:
 
     def info(self) -> dict[str, Any]:
         return {
+            "pid": os.getpid(),
+            "batching": self.batching.model_dump(),
             "dimension": self.backend.dimension,
             "max_tokens": self.backend.window.max_tokens,
             "batches": self._batches,

@@ -62,10 +62,10 @@ class Ingress:
                 _caller(embedders[name]),
                 size_of=len,
                 max_in_flight=ingress.max_in_flight_per_model,
-                max_group_items=max(m.batching.max_batch_size * 4, 64),
+                max_group_items=ingress.max_group_items,
                 max_pending_items=ingress.max_pending_items,
             )
-            for name, m in self._models.items()
+            for name in self._models
         }
 
     def __serve_build_asgi_app__(self) -> Any:

@@ -1,0 +1,60 @@
+"""Batch knobs change at runtime: `serve deploy` of the same config with a `user_config`
+override for a model deployment reconfigures its running replica in place (same process),
+and requests keep being served. (Changing `args` instead rebuilds the application and
+restarts its replicas: Serve's heavyweight update.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+from tests.serve.conftest import STRICT_MODEL, Server
+
+
+def replica_info(server: Server) -> dict:
+    return httpx.get(f"{server.url}/v1/stats", timeout=10).json()["models"][STRICT_MODEL]["replica"]
+
+
+def test_serve_deploy_changes_batching_without_restarting_the_replica(
+    server: Server, tmp_path: Path
+) -> None:
+    before = replica_info(server)
+    config = yaml.safe_load(server.config_path.read_text())
+    batching = {"max_batch_size": 8, "batch_wait_timeout_s": 0.002, "max_batch_tokens": 2048}
+    config["applications"][0]["deployments"] = [
+        {"name": f"embed-{STRICT_MODEL}", "user_config": batching}
+    ]
+    new_config = tmp_path / "reconfigured.yaml"
+    new_config.write_text(yaml.safe_dump(config))
+
+    serve_cli = Path(sys.executable).with_name("serve")
+    deployed = subprocess.run(
+        [str(serve_cli), "deploy", str(new_config), "--address", server.dashboard_url()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        # The local Ray instance has token auth on; the CLI sends the token only in
+        # token mode (it reads ~/.ray/auth_token, which that instance wrote).
+        env={**os.environ, "RAY_AUTH_MODE": "token"},
+    )
+    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+
+    deadline = time.monotonic() + 90
+    after = replica_info(server)
+    while after["batching"]["max_batch_size"] != 8 and time.monotonic() < deadline:
+        time.sleep(1)
+        after = replica_info(server)
+    assert after["batching"] == batching
+    assert after["pid"] == before["pid"]  # reconfigured, not restarted
+    response = httpx.post(
+        f"{server.url}/v1/embeddings",
+        json={"model": STRICT_MODEL, "input": [f"text {i}" for i in range(20)]},
+        timeout=60,
+    )
+    assert response.status_code == 200 and len(response.json()["data"]) == 20
