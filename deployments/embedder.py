@@ -44,7 +44,6 @@ class Embedder:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         self.backend = SentenceEmbedder(resolve_model_source(config.source), device)
         self.worker = EmbeddingWorker(self.backend, config, BatchBudget(1, 1))
-        self.batching = config.batching
         self.reconfigure(config.batching.model_dump())
         self._batches = 0
         self._items = 0
