@@ -18,6 +18,7 @@ from deployments.backends.sentence_embedder import SentenceEmbedder
 from deployments.config import EmbeddingModelConfig
 from deployments.core.batch_budget import BatchBudget
 from deployments.core.jobs import EmbedJob, EmbedOutcome, EmbedRejection, EmbedResult
+from deployments.errors import MODEL_FAILED_MESSAGE
 
 logger = logging.getLogger("ray.serve")
 
@@ -128,7 +129,7 @@ class EmbeddingWorker:
             logger.error("embedding batch failed: %r", failure)
             return EmbedRejection(
                 500,
-                "The model failed on a batch containing this request.",
+                MODEL_FAILED_MESSAGE,
                 code="model_error",
                 error_type="server_error",
             )

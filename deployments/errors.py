@@ -100,13 +100,16 @@ class InternalError(TributaryError):
         super().__init__("The server failed to process the request.")
 
 
+MODEL_FAILED_MESSAGE = "The model failed on a batch containing this request."
+
+
 class ModelFailed(TributaryError):
     status = 500
     error_type = "server_error"
     default_code = "model_error"
 
     def __init__(self) -> None:
-        super().__init__("The model failed on a batch containing this request.")
+        super().__init__(MODEL_FAILED_MESSAGE)
 
 
 def error_response(error: TributaryError) -> Response:
