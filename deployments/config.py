@@ -6,7 +6,7 @@ at build time with pydantic's message, which names the offending field path.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -28,18 +28,51 @@ class ActorOptions(StrictModel):
         return self.model_dump(exclude_none=True)
 
 
+class AutoscalingOptions(StrictModel):
+    """Serve's `autoscaling_config`; replaces a fixed `num_replicas`."""
+
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(1, ge=1)
+    initial_replicas: int | None = Field(None, ge=0)
+    target_ongoing_requests: float = Field(2.0, gt=0)
+    upscale_delay_s: float = Field(30.0, ge=0)
+    downscale_delay_s: float = Field(600.0, ge=0)
+    metrics_interval_s: float | None = Field(None, gt=0)
+    look_back_period_s: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds_are_ordered(self) -> AutoscalingOptions:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("min_replicas must not exceed max_replicas")
+        return self
+
+
 class DeploymentOptions(StrictModel):
     """The Ray Serve deployment settings of one deployment."""
 
-    num_replicas: int = Field(1, ge=1)
+    num_replicas: int | None = Field(
+        None, ge=1, description="Fixed replica count (1 when neither this nor autoscaling)."
+    )
+    autoscaling_config: AutoscalingOptions | None = None
     max_ongoing_requests: int = Field(64, ge=1)
     max_queued_requests: int = Field(
         256, ge=-1, description="Serve's per-caller queue bound; -1 means unbounded."
     )
     ray_actor_options: ActorOptions = ActorOptions()
 
+    @model_validator(mode="after")
+    def _one_way_to_size(self) -> DeploymentOptions:
+        if self.num_replicas is not None and self.autoscaling_config is not None:
+            raise ValueError("set num_replicas or autoscaling_config, not both")
+        return self
+
     def to_serve(self) -> dict[str, Any]:
-        options = self.model_dump(exclude={"ray_actor_options"})
+        options = self.model_dump(exclude={"ray_actor_options", "autoscaling_config"})
+        if self.autoscaling_config is not None:
+            options.pop("num_replicas")
+            options["autoscaling_config"] = self.autoscaling_config.model_dump(exclude_none=True)
+        elif self.num_replicas is None:
+            options["num_replicas"] = 1
         options["ray_actor_options"] = self.ray_actor_options.to_ray()
         return options
 
@@ -75,6 +108,10 @@ class EmbeddingModelConfig(StrictModel):
     max_inputs: int = Field(2048, ge=1, description="Most inputs in one request (413).")
     torch_threads: int = Field(
         0, ge=0, description="Intra-op threads for the forward pass; 0 = the actor's num_cpus."
+    )
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto",
+        description="Weights' precision; auto = float16 on a GPU Ray assigned, float32 on CPU.",
     )
     batching: BatchSettings = BatchSettings()
     deployment: DeploymentOptions = DeploymentOptions()

@@ -23,6 +23,7 @@ from deployments.backends.sources import resolve_model_source
 from deployments.config import BatchSettings, EmbeddingModelConfig
 from deployments.core.batch_budget import BatchBudget, budget_size
 from deployments.core.jobs import EmbedJob, EmbedOutcome
+from deployments.device import assigned_device, torch_dtype
 from deployments.embedding_worker import EmbeddingWorker, Item
 
 logger = logging.getLogger("ray.serve")
@@ -40,9 +41,10 @@ class Embedder:
         self._executor = ThreadPoolExecutor(
             max_workers=1, initializer=torch.set_num_threads, initargs=(threads,)
         )
-        # Ray hides GPUs from actors that claimed none, so this follows num_gpus.
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.backend = SentenceEmbedder(resolve_model_source(config.source), device)
+        device = assigned_device()
+        self.backend = SentenceEmbedder(
+            resolve_model_source(config.source), device, torch_dtype(config.dtype, device)
+        )
         self.worker = EmbeddingWorker(self.backend, config, BatchBudget(1, 1))
         self.reconfigure(config.batching.model_dump())
         self._batches = 0

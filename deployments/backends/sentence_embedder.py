@@ -12,9 +12,13 @@ from deployments.core.token_window import TokenWindow
 
 
 class SentenceEmbedder:
-    def __init__(self, model_dir: Path, device: str = "cpu") -> None:
+    def __init__(
+        self, model_dir: Path, device: str = "cpu", dtype: torch.dtype = torch.float32
+    ) -> None:
         self.model = SentenceTransformer(str(model_dir), device=device, local_files_only=True)
         self.model.eval()
+        if dtype != torch.float32:
+            self.model.to(dtype)
         self.device = device
         self.tokenizer = self.model.tokenizer
         self.dimension = int(self.model.get_embedding_dimension() or 0)
