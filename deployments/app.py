@@ -15,6 +15,7 @@ from deployments.backends.sources import ModelSourceError, resolve_model_source
 from deployments.config import AppConfig
 from deployments.embedder import Embedder
 from deployments.ingress import Ingress
+from deployments.tenants import build_access_control
 
 
 def build_app(args: dict[str, Any]) -> Application:
@@ -25,6 +26,8 @@ def build_app(args: dict[str, Any]) -> Application:
             resolve_model_source(model.source)
         except ModelSourceError as exc:
             raise ModelSourceError(f"embedding model {model.name!r}: {exc}") from None
+    # A missing key file or variable fails the deploy here, not in the ingress replica.
+    build_access_control(config.auth)
     # Batch knobs travel only as each model deployment's user_config: changing them with
     # `serve deploy` then reconfigures the running replicas in place, where a change to
     # any constructor argument would restart them.

@@ -77,9 +77,11 @@ class DeploymentOptions(StrictModel):
         return options
 
 
+PriorityName = Literal["realtime", "normal", "batch"]
+
+
 class BatchSettings(StrictModel):
-    """Batch knobs of a model deployment; sent as its `user_config`, so they can change
-    at runtime with `serve deploy` and no restart."""
+    """How one priority class forms batches in a model deployment."""
 
     max_batch_size: int = Field(32, ge=1, description="Most items in one forward pass.")
     batch_wait_timeout_s: float = Field(
@@ -90,6 +92,30 @@ class BatchSettings(StrictModel):
         ge=1,
         description="Most padded tokens (items x longest item) in one forward pass.",
     )
+    aged_after_s: float | None = Field(
+        None,
+        gt=0,
+        description="A batch of this class that has waited this long at the priority gate "
+        "runs next, ahead of higher classes (bounded wait); None = strict priority.",
+    )
+
+
+class ModelBatching(StrictModel):
+    """Batch knobs of a model deployment, one set per priority class. Sent as the
+    deployment's `user_config`, so they change at runtime with `serve deploy`, no restart."""
+
+    realtime: BatchSettings = BatchSettings(
+        max_batch_size=8, batch_wait_timeout_s=0.002, max_batch_tokens=1024
+    )
+    normal: BatchSettings = BatchSettings(
+        max_batch_size=32, batch_wait_timeout_s=0.01, max_batch_tokens=8192, aged_after_s=0.5
+    )
+    batch: BatchSettings = BatchSettings(
+        max_batch_size=64, batch_wait_timeout_s=0.05, max_batch_tokens=16384, aged_after_s=1.0
+    )
+
+    def of(self, priority: PriorityName) -> BatchSettings:
+        return getattr(self, priority)
 
 
 class EmbeddingModelConfig(StrictModel):
@@ -113,19 +139,58 @@ class EmbeddingModelConfig(StrictModel):
         "auto",
         description="Weights' precision; auto = float16 on a GPU Ray assigned, float32 on CPU.",
     )
-    batching: BatchSettings = BatchSettings()
+    batching: ModelBatching = ModelBatching()
     deployment: DeploymentOptions = DeploymentOptions()
+
+
+class ClassAdmission(StrictModel):
+    """How the ingress admits one priority class, per model."""
+
+    max_in_flight: int = Field(
+        2,
+        ge=1,
+        description="Concurrent calls from one ingress replica to the model for this class; "
+        "requests arriving while all are busy are coalesced into the next call.",
+    )
+    max_queued_items: int = Field(
+        ..., ge=1, description="Inputs of this class waiting in one ingress replica."
+    )
+    shed_above_queued_items: int | None = Field(
+        None,
+        ge=1,
+        description="Refuse this class (429) while more inputs than this wait for the model, "
+        "all classes counted; lower for batch than for normal, so batch is shed first.",
+    )
+    timeout_s: float = Field(
+        ..., gt=0, description="Deadline when the request sends no X-Request-Timeout."
+    )
+
+
+class AdmissionConfig(StrictModel):
+    realtime: ClassAdmission = ClassAdmission(max_queued_items=512, timeout_s=10)
+    normal: ClassAdmission = ClassAdmission(
+        max_queued_items=4096, shed_above_queued_items=3072, timeout_s=60
+    )
+    batch: ClassAdmission = ClassAdmission(
+        max_queued_items=1024, shed_above_queued_items=1024, timeout_s=600
+    )
+    max_timeout_s: float = Field(
+        3600, gt=0, description="Largest X-Request-Timeout accepted (400 above it)."
+    )
+
+    def of(self, priority: PriorityName) -> ClassAdmission:
+        return getattr(self, priority)
+
+    @model_validator(mode="after")
+    def _realtime_is_never_shed(self) -> AdmissionConfig:
+        if self.realtime.shed_above_queued_items is not None:
+            raise ValueError("realtime is never shed: drop realtime.shed_above_queued_items")
+        return self
 
 
 class IngressConfig(StrictModel):
     max_body_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, description="Largest request body accepted (413)."
-    )
-    max_in_flight_per_model: int = Field(
-        2,
-        ge=1,
-        description="Concurrent calls from one ingress replica to one model deployment; "
-        "requests arriving while all are busy are coalesced into the next call.",
     )
     max_group_items: int = Field(
         256,
@@ -133,11 +198,7 @@ class IngressConfig(StrictModel):
         description="Most inputs in one call from the ingress to a model (a larger "
         "request still goes, alone).",
     )
-    max_pending_items: int = Field(
-        4096,
-        ge=1,
-        description="Items waiting in one ingress replica for a model; beyond it, 503.",
-    )
+    admission: AdmissionConfig = AdmissionConfig()
     deployment: DeploymentOptions = DeploymentOptions(
         max_ongoing_requests=512,
         max_queued_requests=1024,
@@ -145,8 +206,64 @@ class IngressConfig(StrictModel):
     )
 
 
+class TenantConfig(StrictModel):
+    name: str = Field(..., min_length=1)
+    tier: PriorityName = Field(
+        "normal", description="Highest priority class this tenant gets; above it, the cap."
+    )
+    models: list[str] | None = Field(None, description="Models it may use; None = all.")
+    key_sha256: list[str] = Field(
+        default_factory=list,
+        description="SHA-256 hex digests of its keys (`python -m deployments.keys new`).",
+    )
+    key_env: str | None = Field(
+        None,
+        description="Environment variable of the Ray processes holding its key(s), "
+        "comma-separated, in clear.",
+    )
+    key_file: str | None = Field(
+        None, description="File with one key per line, in clear or as `sha256:<digest>`."
+    )
+    requests_per_s: float | None = Field(None, gt=0)
+    burst_requests: float | None = Field(None, gt=0, description="Default: 2 s of rate.")
+    tokens_per_s: float | None = Field(None, gt=0, description="Input tokens per second.")
+    burst_tokens: float | None = Field(None, gt=0, description="Default: 2 s of rate.")
+
+    @model_validator(mode="after")
+    def _has_a_key_source(self) -> TenantConfig:
+        if not (self.key_sha256 or self.key_env or self.key_file):
+            raise ValueError(f"tenant {self.name!r} has no key_sha256, key_env or key_file")
+        bad = [d for d in self.key_sha256 if len(d) != 64 or not _is_hex(d)]
+        if bad:
+            raise ValueError(f"tenant {self.name!r}: not SHA-256 hex digests: {bad}")
+        return self
+
+
+class AuthConfig(StrictModel):
+    tenants: list[TenantConfig] = Field(
+        default_factory=list, description="No tenants = open access (for local use)."
+    )
+
+    @model_validator(mode="after")
+    def _names_are_unique(self) -> AuthConfig:
+        names = [t.name for t in self.tenants]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"auth.tenants: duplicate tenant name(s) {duplicates}")
+        return self
+
+
+def _is_hex(text: str) -> bool:
+    try:
+        int(text, 16)
+    except ValueError:
+        return False
+    return True
+
+
 class AppConfig(StrictModel):
     ingress: IngressConfig = IngressConfig()
+    auth: AuthConfig = AuthConfig()
     embedding_models: list[EmbeddingModelConfig] = Field(..., min_length=1)
 
     @model_validator(mode="after")
@@ -155,4 +272,8 @@ class AppConfig(StrictModel):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"embedding_models: duplicate model name(s) {duplicates}")
+        for tenant in self.auth.tenants:
+            unknown = sorted(set(tenant.models or ()) - set(names))
+            if unknown:
+                raise ValueError(f"tenant {tenant.name!r} names unknown model(s) {unknown}")
         return self

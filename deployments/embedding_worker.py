@@ -1,14 +1,17 @@
 """Turn embedding jobs into model items and items' results back into outcomes.
 
 Ray-free, so it can be tested with a plain coroutine standing in for Serve's batcher: the
-deployment passes its `@serve.batch` method as `run_item`.
+deployment passes the `@serve.batch` method of the call's priority class as `run_item`.
+Every item points at its job's `JobState`; just before a forward pass the deployment
+drops the items whose job ran out of time or whose client went away (`split_live`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,10 +20,43 @@ import numpy as np
 from deployments.backends.sentence_embedder import SentenceEmbedder
 from deployments.config import EmbeddingModelConfig
 from deployments.core.batch_budget import BatchBudget
-from deployments.core.jobs import EmbedJob, EmbedOutcome, EmbedRejection, EmbedResult
+from deployments.core.jobs import (
+    EmbedJob,
+    EmbedOutcome,
+    EmbedRejection,
+    EmbedResult,
+    deadline_rejection,
+)
 from deployments.errors import MODEL_FAILED_MESSAGE
 
 logger = logging.getLogger("ray.serve")
+
+EXPIRED = "expired"
+CLIENT_GONE = "client_gone"
+
+
+@dataclass(eq=False)
+class JobState:
+    """What every item of a job needs to know about it at the last moment."""
+
+    request_id: str
+    deadline: float | None  # time.monotonic() clock of this process
+    cancelled: bool = False
+
+    def drop_reason(self, now: float) -> str | None:
+        # Expiry first: the ingress also cancels a call whose only job ran out of time.
+        if self.deadline is not None and now >= self.deadline:
+            return EXPIRED
+        if self.cancelled:
+            return CLIENT_GONE
+        return None
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """The result of an item that was never computed."""
+
+    reason: str
 
 
 @dataclass(eq=False)
@@ -29,10 +65,17 @@ class Item:
 
     ids: list[int]
     budget: BatchBudget
+    state: JobState
 
     @property
     def tokens(self) -> int:
         return len(self.ids)
+
+
+def split_live(items: Sequence[Item], now: float) -> tuple[list[Item], list[Dropped | None]]:
+    """The items still worth computing, and per item its Dropped marker or None."""
+    marks = [Dropped(reason) if (reason := item.state.drop_reason(now)) else None for item in items]
+    return [item for item, mark in zip(items, marks, strict=True) if mark is None], marks
 
 
 @dataclass
@@ -41,22 +84,29 @@ class _Prepared:
     truncated: list[int]
 
 
-RunItem = Callable[[Item], Awaitable[np.ndarray]]
+RunItem = Callable[[Item], Awaitable[np.ndarray | Dropped]]
 
 
 class EmbeddingWorker:
-    def __init__(
-        self, backend: SentenceEmbedder, config: EmbeddingModelConfig, budget: BatchBudget
-    ) -> None:
+    def __init__(self, backend: SentenceEmbedder, config: EmbeddingModelConfig) -> None:
         self.backend = backend
         self.config = config
-        self.budget = budget
 
-    async def run_jobs(self, jobs: list[EmbedJob], run_item: RunItem) -> list[EmbedOutcome]:
-        prepared = self._prepare(jobs)
+    async def run_jobs(
+        self,
+        jobs: list[EmbedJob],
+        states: list[JobState],
+        budget: BatchBudget,
+        run_item: RunItem,
+    ) -> list[EmbedOutcome]:
+        now = time.monotonic()
+        prepared: list[_Prepared | EmbedRejection] = [
+            deadline_rejection() if state.drop_reason(now) == EXPIRED else p
+            for p, state in zip(self._prepare(jobs), states, strict=True)
+        ]
         item_lists: list[list[Item]] = [
-            [Item(ids, self.budget) for ids in p.inputs] if isinstance(p, _Prepared) else []
-            for p in prepared
+            [Item(ids, budget, state) for ids in p.inputs] if isinstance(p, _Prepared) else []
+            for p, state in zip(prepared, states, strict=True)
         ]
         results = await asyncio.gather(
             *(run_item(item) for items in item_lists for item in items),
@@ -124,6 +174,12 @@ class EmbeddingWorker:
         return _Prepared(inputs, truncated)
 
     def _collect(self, prepared: _Prepared, results: list[Any]) -> EmbedOutcome:
+        dropped = next((r for r in results if isinstance(r, Dropped)), None)
+        if dropped is not None:
+            if dropped.reason == EXPIRED:
+                return deadline_rejection()
+            # Nobody is listening; the status only has to be an error.
+            return EmbedRejection(499, "The client went away.", code="client_gone")
         failure = next((r for r in results if isinstance(r, BaseException)), None)
         if failure is not None:
             logger.error("embedding batch failed: %r", failure)

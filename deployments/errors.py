@@ -79,7 +79,39 @@ class PayloadTooLarge(TributaryError):
     default_code = "payload_too_large"
 
 
+class Unauthorized(TributaryError):
+    status = 401
+    error_type = "authentication_error"
+    default_code = "invalid_api_key"
+
+    def headers(self) -> dict[str, str]:
+        return {**super().headers(), "WWW-Authenticate": "Bearer"}
+
+
+class Forbidden(TributaryError):
+    status = 403
+    error_type = "permission_error"
+    default_code = "model_not_allowed"
+
+
+class RateLimited(TributaryError):
+    """The tenant is over its own rate; it alone has to slow down."""
+
+    status = 429
+    error_type = "rate_limit_error"
+    default_code = "rate_limit_exceeded"
+
+
+class DeadlineExceeded(TributaryError):
+    status = 504
+    error_type = "timeout_error"
+    default_code = "deadline_exceeded"
+
+
 class Overloaded(TributaryError):
+    """The server sheds this request's class or its queue is full: status 429 for
+    normal/batch (come back later), 503 for realtime and for Serve's own back-pressure."""
+
     status = 503
     error_type = "overloaded_error"
     default_code = "server_overloaded"

@@ -30,10 +30,15 @@ logger = logging.getLogger("ray.serve")
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": meaning}
     for status, meaning in {
-        400: "Bad input: malformed JSON, a wrong type, an empty input, too long a text.",
+        400: "Bad input: malformed JSON, a wrong type, an empty input, too long a text, "
+        "a malformed X-Priority / X-Request-Timeout / X-Request-ID header.",
+        401: "API keys are configured and the request has none or a wrong one.",
+        403: "The API key may not use this model.",
         404: "Unknown model.",
         413: "Body or number of inputs over the configured limit.",
-        503: "Overloaded (with Retry-After) or not ready.",
+        429: "The key's rate limit, or the server sheds this priority class (Retry-After).",
+        503: "Realtime queue full or Serve back-pressure (Retry-After), or not ready.",
+        504: "The request's deadline (X-Request-Timeout or the class default) passed.",
     }.items()
 }
 
@@ -57,8 +62,11 @@ def build_http_app(ingress: Ingress) -> FastAPI:
         responses={200: {"model": EmbeddingResponse}, **ERROR_RESPONSES},
     )
     async def embeddings(request: Request) -> Response:
+        meta = ingress.read_meta(request.headers)
+        tenant = ingress.authenticate(meta)  # before reading a body a stranger sent
         body = await read_body(request, ingress.max_body_bytes)
-        return json_response(await ingress.embed(body))
+        answer = await ingress.embed(body, meta, tenant)
+        return json_response(answer.body, headers=answer.headers)
 
     @app.get("/v1/models", responses={200: {"model": ModelList}})
     async def models() -> Response:
@@ -76,8 +84,10 @@ def build_http_app(ingress: Ingress) -> FastAPI:
     return app
 
 
-def json_response(body: Any, status: int = 200) -> Response:
-    return Response(to_json(body), status_code=status, media_type="application/json")
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        to_json(body), status_code=status, media_type="application/json", headers=headers
+    )
 
 
 async def read_body(request: Request, limit: int) -> bytes:

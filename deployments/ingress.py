@@ -10,36 +10,47 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from ray.exceptions import RayActorError
-from ray.serve.exceptions import (
-    BackPressureError,
-    DeploymentUnavailableError,
-    ReplicaUnavailableError,
-)
-
 from deployments.config import AppConfig, EmbeddingModelConfig
-from deployments.core.coalescer import Coalescer, QueueFull
-from deployments.core.jobs import EmbedJob, EmbedOutcome, EmbedRejection
+from deployments.core.access import AccessDenied, Tenant, estimate_tokens
+from deployments.core.class_queues import Refused, loop_deadline
+from deployments.core.coalescer import DeadlineExpired
+from deployments.core.jobs import EmbedJob, EmbedRejection, EmbedResult
+from deployments.core.priority import Priority
 from deployments.errors import (
+    DeadlineExceeded,
+    Forbidden,
     InvalidRequest,
     ModelFailed,
     ModelNotFound,
     NotReady,
     Overloaded,
     PayloadTooLarge,
+    RateLimited,
     TributaryError,
+    Unauthorized,
 )
 from deployments.http_app import build_http_app
+from deployments.model_client import ModelClient
+from deployments.request_meta import RequestMeta, choose_priority, read_meta
 from deployments.response import embedding_response
 from deployments.schemas import EmbeddingRequest, parse_embedding_request
+from deployments.tenants import build_access_control
 
 logger = logging.getLogger("ray.serve")
 
 
 ReadinessCheck = Callable[[], Awaitable[str | None]]
+
+
+@dataclass
+class Answer:
+    body: dict[str, Any]
+    headers: dict[str, str]
 
 
 class Ingress:
@@ -55,18 +66,15 @@ class Ingress:
         }
         self._created = int(time.time())
         self._readiness = readiness or _serve_readiness
-        self._embedders = embedders
+        self.access = build_access_control(self.config.auth)
         ingress = self.config.ingress
-        self._coalescers: dict[str, Coalescer[EmbedJob, EmbedOutcome]] = {
-            name: Coalescer(
-                _caller(embedders[name]),
-                size_of=len,
-                max_in_flight=ingress.max_in_flight_per_model,
-                max_group_items=ingress.max_group_items,
-                max_pending_items=ingress.max_pending_items,
-            )
+        self._clients = {
+            name: ModelClient(name, embedders[name], ingress.admission, ingress.max_group_items)
             for name in self._models
         }
+        self._denied: dict[str, int] = {}
+        if self.access.is_open:
+            _warn_if_open_to_the_network()
 
     def __serve_build_asgi_app__(self) -> Any:
         return build_http_app(self)
@@ -95,7 +103,10 @@ class Ingress:
         if problem is not None:
             raise NotReady(problem)
 
-    async def embed(self, body: bytes) -> dict[str, Any]:
+    def read_meta(self, headers: Mapping[str, str]) -> RequestMeta:
+        return read_meta(headers, self.config.ingress.admission.max_timeout_s)
+
+    async def embed(self, body: bytes, meta: RequestMeta, tenant: Tenant | None) -> Answer:
         request = parse_embedding_request(body)
         model = self._models.get(request.model)
         if model is None:
@@ -103,55 +114,120 @@ class Ingress:
                 f"The model '{request.model}' does not exist; GET /v1/models lists them.",
                 param="model",
             )
-        job = _job_of(request, model)
+        self._guard(lambda: self.access.authorize(tenant, model.name))
+        asked = choose_priority(meta.priority, request.priority)
+        priority = asked if tenant is None else asked.capped_at(tenant.tier)
+        job = _job_of(request, model, meta.request_id)
+        estimate = _token_estimate(job)
+        self._guard(lambda: self.access.charge(tenant, estimate))
+        admission = self.config.ingress.admission.of(priority.label)  # type: ignore[arg-type]
+        timeout_s = meta.timeout_s if meta.timeout_s is not None else admission.timeout_s
         try:
-            outcome = await self._coalescers[model.name].submit(job)
-        except QueueFull as exc:
+            outcome = await self._submit(model.name, priority, job, timeout_s)
+            if isinstance(outcome, EmbedRejection):
+                raise _rejection_error(outcome)
+        except BaseException:
+            self.access.settle(tenant, estimate, 0)  # tokens never computed are not charged
+            raise
+        self.access.settle(tenant, estimate, sum(outcome.token_counts))
+        return Answer(embedding_response(outcome, request), {"X-Priority": priority.label})
+
+    async def _submit(
+        self, model: str, priority: Priority, job: EmbedJob, timeout_s: float
+    ) -> EmbedResult | EmbedRejection:
+        try:
+            return await self._clients[model].queues.submit(priority, job, loop_deadline(timeout_s))
+        except Refused as exc:
+            refusal = exc.refusal
+            verb = "is shedding" if refusal.reason == "shed" else "has a full queue for"
             raise Overloaded(
-                f"Too many inputs are waiting for model '{model.name}'; retry shortly.",
-                retry_after_s=1,
-            ) from exc
-        if isinstance(outcome, EmbedRejection):
-            raise _rejection_error(outcome)
-        return embedding_response(outcome, request)
+                f"Model '{model}' {verb} {priority.label}-class requests "
+                f"({refusal.queued_items} inputs waiting, limit {refusal.limit}); "
+                f"retry after {refusal.retry_after_s} s.",
+                retry_after_s=refusal.retry_after_s,
+                status=refusal.status,
+                code="load_shed" if refusal.reason == "shed" else "queue_full",
+            ) from None
+        except DeadlineExpired:
+            raise DeadlineExceeded(
+                f"No answer within the request's deadline of {timeout_s:g} s "
+                "(X-Request-Timeout or the class default)."
+            ) from None
+
+    def authenticate(self, meta: RequestMeta) -> Tenant | None:
+        tenant: Tenant | None = None
+
+        def check() -> None:
+            nonlocal tenant
+            tenant = self.access.authenticate(meta.authorization)
+
+        self._guard(check)
+        return tenant
+
+    def _guard(self, check: Callable[[], None]) -> None:
+        try:
+            check()
+        except AccessDenied as exc:
+            self._denied[exc.kind] = self._denied.get(exc.kind, 0) + 1
+            raise _access_error(exc) from None
 
     async def stats(self) -> dict[str, Any]:
-        """This ingress replica's coalescing counters and one model replica's batch
-        counters, per model."""
+        """This ingress replica's queues per model and class, and one model replica's
+        batch counters."""
         models: dict[str, Any] = {}
-        for name, coalescer in self._coalescers.items():
-            replica = await self._embedders[name].info.remote()
-            models[name] = {"ingress": vars(coalescer.stats), "replica": replica}
-        return {"models": models}
+        for name, client in self._clients.items():
+            models[name] = {"ingress": client.queues.stats(), "replica": await client.info()}
+        return {"models": models, "access_denied": dict(self._denied)}
 
 
-def _caller(handle: Any) -> Callable[[list[EmbedJob]], Awaitable[list[EmbedOutcome]]]:
-    async def call(jobs: list[EmbedJob]) -> list[EmbedOutcome]:
-        try:
-            return await handle.embed_jobs.remote(jobs)
-        except BackPressureError as exc:
-            raise Overloaded("The model's queue is full; retry shortly.", retry_after_s=1) from exc
-        except (RayActorError, DeploymentUnavailableError, ReplicaUnavailableError) as exc:
-            logger.warning("model replica unavailable: %r", exc)
-            raise NotReady(
-                "The model is restarting or unavailable; retry shortly.", retry_after_s=2
-            ) from exc
-
-    return call
+def _access_error(exc: AccessDenied) -> TributaryError:
+    if exc.kind in ("missing_key", "invalid_key"):
+        return Unauthorized(exc.message)
+    if exc.kind == "model_not_allowed":
+        return Forbidden(exc.message, param="model")
+    return RateLimited(exc.message, retry_after_s=exc.retry_after_s)
 
 
-def _job_of(request: EmbeddingRequest, model: EmbeddingModelConfig) -> EmbedJob:
+def _token_estimate(job: EmbedJob) -> int:
+    if job.texts is not None:
+        return estimate_tokens(job.texts)
+    return sum(len(ids) + 2 for ids in job.token_ids or ())
+
+
+def _warn_if_open_to_the_network() -> None:
+    host = _http_host()
+    if host is not None and host not in ("127.0.0.1", "localhost", "::1"):
+        logger.warning(
+            "No API keys are configured and the HTTP server listens on %s: anyone who can "
+            "reach it can use every model. Add tenants under auth: in the config "
+            "(docs/api.md, 'API keys').",
+            host,
+        )
+
+
+def _http_host() -> str | None:
+    # Serve keeps the HTTP options with its controller; there is no public getter.
+    try:
+        from ray.serve.context import _get_global_client
+
+        return str(_get_global_client().http_config.host)
+    except Exception:
+        return None
+
+
+def _job_of(request: EmbeddingRequest, model: EmbeddingModelConfig, request_id: str) -> EmbedJob:
     value = request.input
+    ids = {"job_id": uuid.uuid4().hex, "request_id": request_id}
     if isinstance(value, str):
-        job = EmbedJob(texts=[value])
+        job = EmbedJob(texts=[value], **ids)
     elif not value:
         raise InvalidRequest("'input' must not be an empty array.", param="input")
     elif isinstance(value[0], str):
-        job = EmbedJob(texts=value)  # type: ignore[arg-type]
+        job = EmbedJob(texts=value, **ids)  # type: ignore[arg-type]
     elif isinstance(value[0], int):
-        job = EmbedJob(token_ids=[value])  # type: ignore[list-item]
+        job = EmbedJob(token_ids=[value], **ids)  # type: ignore[list-item]
     else:
-        job = EmbedJob(token_ids=value)  # type: ignore[arg-type]
+        job = EmbedJob(token_ids=value, **ids)  # type: ignore[arg-type]
     inputs = job.texts if job.texts is not None else job.token_ids
     assert inputs is not None
     if any(len(item) == 0 for item in inputs):
@@ -166,6 +242,8 @@ def _job_of(request: EmbeddingRequest, model: EmbeddingModelConfig) -> EmbedJob:
 
 
 def _rejection_error(rejection: EmbedRejection) -> TributaryError:
+    if rejection.status == 504:
+        return DeadlineExceeded(rejection.message)
     if rejection.status >= 500:
         return ModelFailed()
     return InvalidRequest(

@@ -33,6 +33,11 @@ class EmbeddingRequest(ApiModel):
         description="Keep the first N components and re-normalise to unit length.",
     )
     user: str | None = Field(None, description="Accepted for OpenAI compatibility; unused.")
+    priority: Literal["realtime", "normal", "batch"] | None = Field(
+        None,
+        description="Priority class (same as the X-Priority header); capped by the API "
+        "key's tier. Default normal.",
+    )
 
 
 class EmbeddingData(ApiModel):

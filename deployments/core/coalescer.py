@@ -2,10 +2,15 @@
 
 Every call from the ingress to a model deployment costs a Ray round trip (serialisation,
 scheduling, a context switch on each side); on a small machine those hops, not the model,
-bound throughput. The ingress therefore keeps at most `max_in_flight` calls open per model.
-Requests that arrive while all of them are busy wait here and leave together, as one call
-carrying one job per request, as soon as a call returns. Under light load a request goes
-out at once on its own; under heavy load groups grow by themselves, with no timer to tune.
+bound throughput. The ingress therefore keeps at most `max_in_flight` calls open per model
+and class. Requests that arrive while all of them are busy wait here and leave together,
+as one call carrying one job per request, as soon as a call returns. Under light load a
+request goes out at once on its own; under heavy load groups grow by themselves, with no
+timer to tune.
+
+A job whose deadline passes while it waits here never leaves; one whose client goes away
+is dropped, and once every job of a call is gone the call itself is cancelled. When only
+some jobs of a call are gone, `on_abandon` tells the caller, which can tell the model.
 """
 
 from __future__ import annotations
@@ -13,20 +18,26 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 from typing import Generic, TypeVar
 
 Job = TypeVar("Job")
 Outcome = TypeVar("Outcome")
 
+# send(jobs, seconds left per job (None = no deadline)) -> one outcome per job, in order
+Send = Callable[[list[Job], list[float | None]], Awaitable[list[Outcome]]]
 
-class QueueFull(Exception):
-    """More items wait than the bound allows; the caller should answer 503."""
 
-    def __init__(self, pending_items: int, limit: int) -> None:
-        super().__init__(f"{pending_items} items already waiting (limit {limit})")
-        self.pending_items = pending_items
-        self.limit = limit
+class DeadlineExpired(Exception):
+    """The job's deadline passed before its answer came."""
+
+
+class _State(Enum):
+    QUEUED = "queued"
+    SENT = "sent"
+    ANSWERED = "answered"
+    GONE = "gone"
 
 
 @dataclass(eq=False)
@@ -34,7 +45,16 @@ class _Waiting(Generic[Job, Outcome]):
     job: Job
     size: int
     future: asyncio.Future[Outcome]
-    dropped: bool = False
+    deadline: float | None  # on the event loop's clock
+    state: _State = _State.QUEUED
+    call: _Call | None = None
+
+
+@dataclass(eq=False)
+class _Call:
+    members: list[_Waiting]  # type: ignore[type-arg]
+    task: asyncio.Task[None] | None = None
+    gone: int = 0
 
 
 @dataclass
@@ -42,111 +62,162 @@ class CoalescerStats:
     calls: int = 0
     jobs: int = 0
     items: int = 0
-    rejected: int = 0
+    expired: int = 0
+    abandoned: int = 0
+    cancelled_calls: int = 0
     largest_call_jobs: int = 0
     in_flight: int = 0
-    pending_items: int = 0
+    queued_jobs: int = 0
+    queued_items: int = 0
+
+
+@dataclass
+class _Counters:
+    queued_jobs: int = 0
+    queued_items: int = 0
+    in_flight: int = 0
+    calls: set[asyncio.Task[None]] = field(default_factory=set)
 
 
 class Coalescer(Generic[Job, Outcome]):
     def __init__(
         self,
-        send: Callable[[list[Job]], Awaitable[list[Outcome]]],
+        send: Send[Job, Outcome],
         *,
         size_of: Callable[[Job], int],
         max_in_flight: int,
         max_group_items: int,
-        max_pending_items: int,
+        on_abandon: Callable[[Job], None] | None = None,
     ) -> None:
-        if max_in_flight < 1 or max_group_items < 1 or max_pending_items < 1:
+        if max_in_flight < 1 or max_group_items < 1:
             raise ValueError("coalescer bounds must be >= 1")
         self._send = send
         self._size_of = size_of
         self._max_in_flight = max_in_flight
         self._max_group_items = max_group_items
-        self._max_pending_items = max_pending_items
+        self._on_abandon = on_abandon
         self._pending: deque[_Waiting[Job, Outcome]] = deque()
-        self._pending_items = 0
-        self._in_flight = 0
+        self._now = _Counters()
         self._dispatch_scheduled = False
         self._stats = CoalescerStats()
-        self._calls: set[asyncio.Task[None]] = set()
+
+    @property
+    def queued_items(self) -> int:
+        return self._now.queued_items
 
     @property
     def stats(self) -> CoalescerStats:
-        self._stats.in_flight = self._in_flight
-        self._stats.pending_items = self._pending_items
+        self._stats.in_flight = self._now.in_flight
+        self._stats.queued_jobs = self._now.queued_jobs
+        self._stats.queued_items = self._now.queued_items
         return self._stats
 
-    async def submit(self, job: Job) -> Outcome:
-        size = self._size_of(job)
-        # One request larger than the bound still gets in when nothing waits, so a
-        # legal request is never refused on an idle server.
-        if self._pending_items and self._pending_items + size > self._max_pending_items:
-            self._stats.rejected += 1
-            raise QueueFull(self._pending_items, self._max_pending_items)
+    async def submit(self, job: Job, deadline: float | None = None) -> Outcome:
+        """The job's outcome; DeadlineExpired once the loop's clock passes `deadline`."""
         loop = asyncio.get_running_loop()
-        waiting: _Waiting[Job, Outcome] = _Waiting(job, size, loop.create_future())
+        waiting: _Waiting[Job, Outcome] = _Waiting(
+            job, self._size_of(job), loop.create_future(), deadline
+        )
         self._pending.append(waiting)
-        self._pending_items += size
+        self._now.queued_jobs += 1
+        self._now.queued_items += waiting.size
         self._schedule_dispatch(loop)
         try:
-            return await waiting.future
+            async with asyncio.timeout_at(deadline):
+                return await waiting.future
+        except TimeoutError:
+            if waiting.state is _State.ANSWERED:
+                raise  # the downstream's own error, not our deadline
+            self._leave(waiting)
+            self._stats.expired += 1
+            raise DeadlineExpired() from None
         except asyncio.CancelledError:
-            # A client that left before its call went out costs nothing downstream.
-            if not waiting.dropped:
-                waiting.dropped = True
-                self._pending_items -= size
+            self._leave(waiting)
             raise
+
+    def _leave(self, waiting: _Waiting[Job, Outcome]) -> None:
+        if waiting.state is _State.QUEUED:
+            self._unqueue(waiting)
+        elif waiting.state is _State.SENT and waiting.call is not None:
+            call = waiting.call
+            call.gone += 1
+            self._stats.abandoned += 1
+            if call.gone == len(call.members) and call.task is not None:
+                self._stats.cancelled_calls += 1
+                call.task.cancel()
+            elif self._on_abandon is not None:
+                self._on_abandon(waiting.job)
+        waiting.state = _State.GONE
+
+    def _unqueue(self, waiting: _Waiting[Job, Outcome]) -> None:
+        # Left in the deque and skipped when met: removal from its middle costs O(n).
+        self._now.queued_jobs -= 1
+        self._now.queued_items -= waiting.size
+        waiting.state = _State.GONE
 
     def _schedule_dispatch(self, loop: asyncio.AbstractEventLoop) -> None:
         # Deferred to the next loop turn so requests that arrived in the same turn
         # leave in the same call.
-        if not self._dispatch_scheduled and self._in_flight < self._max_in_flight:
+        if not self._dispatch_scheduled and self._now.in_flight < self._max_in_flight:
             self._dispatch_scheduled = True
             loop.call_soon(self._dispatch)
 
     def _dispatch(self) -> None:
         self._dispatch_scheduled = False
-        while self._in_flight < self._max_in_flight:
-            group = self._take_group()
+        loop = asyncio.get_running_loop()
+        while self._now.in_flight < self._max_in_flight:
+            group = self._take_group(loop.time())
             if not group:
                 return
-            self._in_flight += 1
-            task = asyncio.get_running_loop().create_task(self._call(group))
-            self._calls.add(task)
-            task.add_done_callback(self._calls.discard)
+            self._now.in_flight += 1
+            call = _Call(group)
+            for waiting in group:
+                waiting.state = _State.SENT
+                waiting.call = call
+            call.task = loop.create_task(self._call(call, loop))
+            self._now.calls.add(call.task)
+            call.task.add_done_callback(self._now.calls.discard)
 
-    def _take_group(self) -> list[_Waiting[Job, Outcome]]:
+    def _take_group(self, now: float) -> list[_Waiting[Job, Outcome]]:
         group: list[_Waiting[Job, Outcome]] = []
         items = 0
         while self._pending:
             head = self._pending[0]
-            if head.dropped:
+            if head.state is not _State.QUEUED:
                 self._pending.popleft()
+                continue
+            if head.deadline is not None and head.deadline <= now:
+                self._pending.popleft()
+                self._unqueue(head)
+                self._stats.expired += 1
+                head.future.set_exception(DeadlineExpired())
                 continue
             if group and items + head.size > self._max_group_items:
                 break
             self._pending.popleft()
-            head.dropped = True  # leaves the pending count now; a late cancel must not
-            self._pending_items -= head.size
+            self._now.queued_jobs -= 1
+            self._now.queued_items -= head.size
             group.append(head)
             items += head.size
         return group
 
-    async def _call(self, group: list[_Waiting[Job, Outcome]]) -> None:
+    async def _call(self, call: _Call, loop: asyncio.AbstractEventLoop) -> None:
+        group: list[_Waiting[Job, Outcome]] = call.members
         stats = self._stats
         stats.calls += 1
         stats.jobs += len(group)
         stats.items += sum(w.size for w in group)
         stats.largest_call_jobs = max(stats.largest_call_jobs, len(group))
+        now = loop.time()
+        time_left = [None if w.deadline is None else w.deadline - now for w in group]
         try:
-            outcomes = await self._send([w.job for w in group])
+            outcomes = await self._send([w.job for w in group], time_left)
             if len(outcomes) != len(group):
                 raise RuntimeError(
                     f"downstream returned {len(outcomes)} outcomes for {len(group)} jobs"
                 )
             for waiting, outcome in zip(group, outcomes, strict=True):
+                waiting.state = _State.ANSWERED
                 if not waiting.future.done():
                     waiting.future.set_result(outcome)
         except asyncio.CancelledError:
@@ -155,9 +226,10 @@ class Coalescer(Generic[Job, Outcome]):
             raise
         except Exception as exc:  # every waiter must hear of any failure, never hang
             for waiting in group:
+                waiting.state = _State.ANSWERED
                 if not waiting.future.done():
                     waiting.future.set_exception(exc)
         finally:
-            self._in_flight -= 1
-            if self._pending:
-                self._schedule_dispatch(asyncio.get_running_loop())
+            self._now.in_flight -= 1
+            if self._now.queued_jobs:
+                self._schedule_dispatch(loop)

@@ -1,9 +1,10 @@
 """Messages between the ingress and an embedding deployment.
 
 One `EmbedJob` is one HTTP request's inputs; the ingress sends a list of jobs (one per
-concurrent request) in a single call, and gets back one outcome per job, in order. A job
-that cannot be served (too long, bad token ids) gets an `EmbedRejection` without failing
-the other jobs of its call.
+concurrent request of one priority class) in a single call, with the seconds each has left
+before its deadline, and gets back one outcome per job, in order. A job that cannot be
+served (too long, bad token ids, out of time) gets an `EmbedRejection` without failing the
+other jobs of its call.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import numpy as np
 class EmbedJob:
     texts: list[str] | None = None
     token_ids: list[list[int]] | None = None
+    job_id: str = ""  # unique per job; how the ingress names a job it no longer wants
+    request_id: str = ""  # the client's X-Request-ID, for logs and the drop ledger
 
     def __post_init__(self) -> None:
         if (self.texts is None) == (self.token_ids is None):
@@ -46,3 +49,11 @@ class EmbedRejection:
 
 
 EmbedOutcome = EmbedResult | EmbedRejection
+
+DEADLINE_MESSAGE = "The request's deadline passed before the model reached it."
+
+
+def deadline_rejection() -> EmbedRejection:
+    return EmbedRejection(
+        504, DEADLINE_MESSAGE, code="deadline_exceeded", error_type="timeout_error"
+    )

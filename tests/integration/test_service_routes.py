@@ -34,7 +34,9 @@ async def test_stats_report_coalescing_and_replica_counters(
 ) -> None:
     await client.post("/v1/embeddings", json={"model": "fake-embedder", "input": "a"})
     stats = (await client.get("/v1/stats")).json()["models"]["fake-embedder"]
-    assert stats["ingress"]["calls"] == 1 and stats["ingress"]["jobs"] == 1
+    normal = stats["ingress"]["classes"]["normal"]
+    assert normal["calls"] == 1 and normal["jobs"] == 1 and normal["queued_items"] == 0
+    assert stats["ingress"]["classes"]["realtime"]["calls"] == 0
     assert stats["replica"]["batches"] == 1
 
 

@@ -1,7 +1,8 @@
 """Starts the real application once per session, through `python -m deployments.launch`
-(what `make serve` runs), on a config derived from serve_config.yaml with a free port and
-a second, strict copy of MiniLM (`truncate: false`). Stops it with Ctrl-C, as a user
-would; the fixture fails if any process it started outlives that."""
+(what `make serve` runs), on a config derived from serve_config.yaml with a free port, a
+second, strict copy of MiniLM (`truncate: false`), API keys for three tenants and a small
+batch-class queue (so a flood is quick to make). Stops it with Ctrl-C, as a user would;
+the fixture fails if any process it started outlives that."""
 
 from __future__ import annotations
 
@@ -11,9 +12,17 @@ from collections.abc import Iterator
 import pytest
 
 from bench.server import Server, load_config, running_server
+from deployments.core.keys import digest
 
 MODEL = "all-MiniLM-L6-v2"
 STRICT_MODEL = "minilm-strict"
+
+# Test keys, known to the test server only as their digests.
+ADMIN_KEY = "trib-test-admin"  # tier realtime, every model, no rate limit
+BULK_KEY = "trib-test-bulk"  # tier batch, MODEL only
+LIMITED_KEY = "trib-test-limited"  # tier normal, 1 request/s with a burst of 2
+AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
+BATCH_QUEUE_ITEMS = 256
 
 
 def serve_test_config() -> dict:
@@ -23,6 +32,25 @@ def serve_test_config() -> dict:
     strict.update(name=STRICT_MODEL, truncate=False, torch_threads=1)
     strict["deployment"]["ray_actor_options"]["num_cpus"] = 0.5
     args["embedding_models"].append(strict)
+    args["auth"] = {
+        "tenants": [
+            {"name": "admin", "tier": "realtime", "key_sha256": [digest(ADMIN_KEY)]},
+            {
+                "name": "bulk",
+                "tier": "batch",
+                "models": [MODEL],
+                "key_sha256": [digest(BULK_KEY)],
+            },
+            {
+                "name": "limited",
+                "key_sha256": [digest(LIMITED_KEY)],
+                "requests_per_s": 1,
+                "burst_requests": 2,
+            },
+        ]
+    }
+    batch = args["ingress"]["admission"]["batch"]
+    batch.update(max_queued_items=BATCH_QUEUE_ITEMS, shed_above_queued_items=BATCH_QUEUE_ITEMS)
     return config
 
 

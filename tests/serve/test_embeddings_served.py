@@ -11,7 +11,7 @@ import pytest
 from sentence_transformers import SentenceTransformer
 
 from deployments.backends.sources import resolve_model_source
-from tests.serve.conftest import MODEL, STRICT_MODEL, Server
+from tests.serve.conftest import AUTH, MODEL, STRICT_MODEL, Server
 
 MIXED_TEXTS = [
     "A man is eating food.",
@@ -27,6 +27,7 @@ BATCH_OF_40 = [f"{text} ({i})" for i, text in enumerate(MIXED_TEXTS * 5)]
 
 
 def embed(server: Server, payload: dict, **kwargs) -> httpx.Response:
+    kwargs["headers"] = {**AUTH, **kwargs.get("headers", {})}
     return httpx.post(f"{server.url}/v1/embeddings", json=payload, timeout=60, **kwargs)
 
 
@@ -136,11 +137,11 @@ def test_malformed_json_and_oversized_bodies(server: Server) -> None:
     malformed = httpx.post(
         f"{server.url}/v1/embeddings",
         content=b'{"model": "x", "input": ',
-        headers={"content-type": "application/json"},
+        headers={"content-type": "application/json", **AUTH},
     )
     assert malformed.status_code == 400 and malformed.json()["error"]["message"]
     huge = b'{"model": "%s", "input": "%s"}' % (MODEL.encode(), b"a" * (5 * 1024 * 1024))
-    oversized = httpx.post(f"{server.url}/v1/embeddings", content=huge, timeout=60)
+    oversized = httpx.post(f"{server.url}/v1/embeddings", content=huge, timeout=60, headers=AUTH)
     assert oversized.status_code == 413
     assert oversized.json()["error"]["code"] == "payload_too_large"
 
@@ -160,7 +161,7 @@ def test_64_concurrent_requests_all_succeed_with_their_own_vectors(
 
     async def run() -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=64)
-        async with httpx.AsyncClient(limits=limits, timeout=120) as client:
+        async with httpx.AsyncClient(limits=limits, timeout=120, headers=AUTH) as client:
             return await asyncio.gather(
                 *(
                     client.post(f"{server.url}/v1/embeddings", json={"model": MODEL, "input": t})

@@ -6,12 +6,12 @@ import numpy as np
 import openai
 import pytest
 
-from tests.serve.conftest import MODEL, Server
+from tests.serve.conftest import ADMIN_KEY, MODEL, Server
 
 
 @pytest.fixture
 def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=ADMIN_KEY, max_retries=0)
 
 
 def test_embeddings_create_with_floats_and_base64(client: openai.OpenAI) -> None:
@@ -35,3 +35,10 @@ def test_an_unknown_model_raises_not_found(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError) as excinfo:
         client.embeddings.create(model="text-embedding-3-small", input="hi")
     assert excinfo.value.body["code"] == "model_not_found"
+
+
+def test_a_wrong_key_raises_authentication_error(server: Server) -> None:
+    stranger = openai.OpenAI(base_url=f"{server.url}/v1", api_key="trib-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as excinfo:
+        stranger.embeddings.create(model=MODEL, input="hi")
+    assert excinfo.value.body["code"] == "invalid_api_key"

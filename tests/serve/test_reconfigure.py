@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from tests.serve.conftest import STRICT_MODEL, Server
+from tests.serve.conftest import AUTH, STRICT_MODEL, Server
 
 
 def replica_info(server: Server) -> dict:
@@ -26,7 +26,8 @@ def test_serve_deploy_changes_batching_without_restarting_the_replica(
 ) -> None:
     before = replica_info(server)
     config = yaml.safe_load(server.config_path.read_text())
-    batching = {"max_batch_size": 8, "batch_wait_timeout_s": 0.002, "max_batch_tokens": 2048}
+    batching = yaml.safe_load(yaml.safe_dump(before["batching"]))
+    batching["normal"].update(max_batch_size=8, batch_wait_timeout_s=0.002, max_batch_tokens=2048)
     config["applications"][0]["deployments"] = [
         {"name": f"embed-{STRICT_MODEL}", "user_config": batching}
     ]
@@ -47,7 +48,7 @@ def test_serve_deploy_changes_batching_without_restarting_the_replica(
 
     deadline = time.monotonic() + 90
     after = replica_info(server)
-    while after["batching"]["max_batch_size"] != 8 and time.monotonic() < deadline:
+    while after["batching"]["normal"]["max_batch_size"] != 8 and time.monotonic() < deadline:
         time.sleep(1)
         after = replica_info(server)
     assert after["batching"] == batching
@@ -55,6 +56,7 @@ def test_serve_deploy_changes_batching_without_restarting_the_replica(
     response = httpx.post(
         f"{server.url}/v1/embeddings",
         json={"model": STRICT_MODEL, "input": [f"text {i}" for i in range(20)]},
+        headers=AUTH,
         timeout=60,
     )
     assert response.status_code == 200 and len(response.json()["data"]) == 20

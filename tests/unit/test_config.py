@@ -24,10 +24,10 @@ def test_the_shipped_config_is_valid() -> None:
 
 def test_a_bad_field_is_named_in_the_error() -> None:
     args = default_args()
-    args["embedding_models"][0]["batching"]["max_batch_size"] = 0
+    args["embedding_models"][0]["batching"]["batch"]["max_batch_size"] = 0
     with pytest.raises(ValidationError) as excinfo:
         AppConfig.model_validate(args)
-    assert "embedding_models.0.batching.max_batch_size" in str(excinfo.value)
+    assert "embedding_models.0.batching.batch.max_batch_size" in str(excinfo.value)
 
 
 def test_an_unknown_key_is_rejected_not_ignored() -> None:
@@ -58,10 +58,10 @@ def test_build_app_fails_before_deploying_and_names_the_field() -> None:
     from deployments.app import build_app
 
     args = default_args()
-    args["ingress"]["max_in_flight_per_model"] = "many"
+    args["ingress"]["admission"]["batch"]["max_in_flight"] = "many"
     with pytest.raises(ValidationError) as excinfo:
         build_app(args)
-    assert "ingress.max_in_flight_per_model" in str(excinfo.value)
+    assert "ingress.admission.batch.max_in_flight" in str(excinfo.value)
 
 
 def test_build_app_names_a_model_whose_weights_are_missing() -> None:
@@ -72,3 +72,39 @@ def test_build_app_names_a_model_whose_weights_are_missing() -> None:
     args["embedding_models"][0]["source"] = "/nowhere/model"
     with pytest.raises(ModelSourceError, match="all-MiniLM-L6-v2"):
         build_app(args)
+
+
+def test_each_class_has_its_own_batching_and_admission() -> None:
+    config = AppConfig.model_validate(default_args())
+    batching = config.embedding_models[0].batching
+    assert batching.realtime.max_batch_size <= batching.batch.max_batch_size
+    assert batching.realtime.batch_wait_timeout_s < batching.batch.batch_wait_timeout_s
+    assert batching.batch.aged_after_s is not None  # the batch class never starves
+    admission = config.ingress.admission
+    assert admission.realtime.shed_above_queued_items is None
+    assert admission.batch.shed_above_queued_items <= admission.normal.shed_above_queued_items
+
+
+def test_realtime_cannot_be_given_a_shedding_threshold() -> None:
+    args = default_args()
+    args["ingress"]["admission"]["realtime"]["shed_above_queued_items"] = 10
+    with pytest.raises(ValidationError, match="realtime is never shed"):
+        AppConfig.model_validate(args)
+
+
+def test_a_tenant_naming_an_unknown_model_is_rejected() -> None:
+    args = default_args()
+    args["auth"] = {"tenants": [{"name": "t", "key_env": "K", "models": ["nope"]}]}
+    with pytest.raises(ValidationError, match="unknown model"):
+        AppConfig.model_validate(args)
+
+
+def test_num_replicas_and_autoscaling_exclude_each_other() -> None:
+    from deployments.config import DeploymentOptions
+
+    auto = {"min_replicas": 1, "max_replicas": 3}
+    with pytest.raises(ValidationError, match="not both"):
+        DeploymentOptions.model_validate({"num_replicas": 2, "autoscaling_config": auto})
+    options = DeploymentOptions.model_validate({"autoscaling_config": auto}).to_serve()
+    assert "num_replicas" not in options and options["autoscaling_config"]["max_replicas"] == 3
+    assert DeploymentOptions().to_serve()["num_replicas"] == 1

