@@ -103,9 +103,10 @@ def test_an_expired_request_gets_504_and_the_model_never_computes_it(server: Ser
                 client,
                 server,
                 "too late",
+                # Long enough to reach the replica, short of the long pass's seconds.
                 **{
                     "X-Priority": "realtime",
-                    "X-Request-Timeout": "0.2",
+                    "X-Request-Timeout": "1.0",
                     "X-Request-ID": request_id,
                 },
             )
@@ -126,3 +127,51 @@ def test_an_expired_request_gets_504_and_the_model_never_computes_it(server: Ser
     assert {"request_id": request_id, "reason": "expired"} in drops
     replica = stats(server)["replica"]
     assert replica["gate"]["busy"] is False and replica["jobs_in_progress"] == 0
+
+
+def test_a_client_that_disconnects_has_its_input_dropped_before_the_model(
+    server: Server,
+) -> None:
+    request_id = f"leave-{uuid.uuid4().hex}"
+
+    async def wait_at_the_gate(client: httpx.AsyncClient) -> None:
+        for _ in range(200):
+            stats = (await client.get(f"{server.url}/v1/stats")).json()["models"][MODEL]
+            if stats["replica"]["gate"]["waiting"]["realtime"]:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the realtime request never reached the replica's gate")
+
+    async def run() -> httpx.Response:
+        async with httpx.AsyncClient(timeout=120) as client:
+            long_pass = asyncio.create_task(post(client, server, [LONG_TEXT] * 64))
+            await asyncio.sleep(0.4)
+            impatient = httpx.AsyncClient(timeout=120)
+            leaving = asyncio.create_task(
+                post(
+                    impatient,
+                    server,
+                    "never mind",
+                    **{"X-Priority": "realtime", "X-Request-ID": request_id},
+                )
+            )
+            # It waits at the gate behind the long pass; then its client gives up and
+            # closes the connection.
+            await wait_at_the_gate(client)
+            leaving.cancel()
+            await impatient.aclose()
+            return (await long_pass)[0]
+
+    assert asyncio.run(run()).status_code == 200
+    deadline = time.monotonic() + 20
+    drops: list[dict] = []
+    while time.monotonic() < deadline:
+        drops = stats(server)["replica"]["recent_drops"]
+        if any(d["request_id"] == request_id for d in drops):
+            break
+        time.sleep(0.5)
+    assert {"request_id": request_id, "reason": "client_gone"} in drops
+    replica = stats(server)["replica"]
+    assert replica["gate"]["busy"] is False and replica["jobs_in_progress"] == 0
+    realtime = stats(server)["ingress"]["classes"]["realtime"]
+    assert realtime["in_flight"] == 0 and realtime["queued_items"] == 0
