@@ -69,5 +69,14 @@ def _digests_of(config: TenantConfig, environ: Mapping[str, str]) -> list[str]:
         for line in (raw.strip() for raw in lines):
             if not line or line.startswith("#"):
                 continue
-            digests.append(line[7:].lower() if line.startswith("sha256:") else digest(line))
+            if not line.startswith("sha256:"):
+                digests.append(digest(line))
+                continue
+            stored = line[7:].strip().lower()
+            if len(stored) != 64 or any(c not in "0123456789abcdef" for c in stored):
+                raise KeySourceError(
+                    f"tenant {config.name!r}: {path} has a sha256: line that is not a "
+                    "64-digit hex digest"
+                )
+            digests.append(stored)
     return digests

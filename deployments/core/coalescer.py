@@ -126,8 +126,10 @@ class Coalescer(Generic[Job, Outcome]):
             async with asyncio.timeout_at(deadline):
                 return await waiting.future
         except TimeoutError:
-            if waiting.state is _State.ANSWERED:
-                raise  # the downstream's own error, not our deadline
+            if waiting.future.done() and not waiting.future.cancelled():
+                # The answer came in the loop turn the deadline fired (or the dispatcher
+                # expired the job, or the downstream raised its own TimeoutError): it stands.
+                return waiting.future.result()
             self._leave(waiting)
             self._stats.expired += 1
             raise DeadlineExpired() from None
@@ -183,7 +185,8 @@ class Coalescer(Generic[Job, Outcome]):
         items = 0
         while self._pending:
             head = self._pending[0]
-            if head.state is not _State.QUEUED:
+            if head.state is not _State.QUEUED or head.future.done():
+                # Gone, or cancelled with its waiter yet to run, which then unqueues it.
                 self._pending.popleft()
                 continue
             if head.deadline is not None and head.deadline <= now:

@@ -31,7 +31,9 @@ class TokenBucket:
     def wait_for(self, amount: float) -> float:
         """Seconds until `amount` could be taken (0 when it can be now)."""
         missing = min(amount, self.burst) - self._refill()
-        return max(0.0, missing / self.rate)
+        # Float rounding can leave a hair's breadth missing after exactly the wait we
+        # told the client; that must not become another refusal.
+        return missing / self.rate if missing > 1e-9 else 0.0
 
     def take(self, amount: float) -> None:
         self._refill()
