@@ -60,6 +60,10 @@ def cluster_test_config(http_port: int) -> dict[str, Any]:
         "look_back_period_s": 2,
     }
     args["embedding_models"] = [spread, scaling]
+    # Only the models under test: other kinds (rerank_models, ...) would add replicas that
+    # prove nothing here and that 2 cores can ill afford.
+    for key in [k for k, v in args.items() if k != "embedding_models" and is_model_list(v)]:
+        del args[key]
 
     def placed(resources: dict[str, float], num_cpus: float) -> dict[str, Any]:
         return {"ray_actor_options": {"num_cpus": num_cpus, "resources": resources}}
@@ -70,6 +74,12 @@ def cluster_test_config(http_port: int) -> dict[str, Any]:
         {"name": f"embed-{SCALING_MODEL}", **placed({HEAD: 0.01}, 0.5)},
     ]
     return config
+
+
+def is_model_list(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(entry, dict) and "deployment" in entry for entry in value
+    )
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import httpx
 
@@ -23,15 +24,30 @@ FAIL_FAST_S = 10  # a request caught on the lost node is answered within this
 SETTLED_AFTER_S = 8  # requests sent this long after the loss all succeed
 
 
+def replica_pids(deployed: DeployedCluster) -> set[int]:
+    return {r["pid"] for r in running(deployed.cluster.replicas(APP, DEPLOYMENT))}
+
+
 def replicas_by_node(deployed: DeployedCluster, nodes: list[Node]) -> dict[str, int]:
     """How many running replicas of the spread model each node's processes hold."""
-    pids = {node.name: node.pids() for node in nodes}
-    placed = {node.name: 0 for node in nodes}
-    for replica in running(deployed.cluster.replicas(APP, DEPLOYMENT)):
-        for name, node_pids in pids.items():
-            if replica.get("pid") in node_pids:
-                placed[name] += 1
-    return placed
+    pids = replica_pids(deployed)
+    return {node.name: len(pids & node.pids()) for node in nodes}
+
+
+def cpu_ticks(pid: int) -> int:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+async def until_computing(pid: int, timeout_s: float = 10) -> None:
+    """Returns once the process burns CPU (a forward pass, so a call is in flight there):
+    the node is then lost with work on it, not between two calls."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        before = cpu_ticks(pid)
+        await asyncio.sleep(0.1)
+        if cpu_ticks(pid) - before >= 5:  # >= 50 ms of CPU in 100 ms
+            return
 
 
 def assert_clear_5xx(outcome: Outcome) -> None:
@@ -58,6 +74,8 @@ async def test_losing_a_node_fails_its_requests_fast_and_serve_recovers(
         closed_loop(deployed.url, SPREAD_MODEL, clients=6, stop=stop, timeout_s=CLIENT_TIMEOUT_S)
     )
     await asyncio.sleep(4)
+    (on_worker,) = replica_pids(deployed) & worker.pids()
+    await until_computing(on_worker)
     lost_at = time.monotonic()
     await asyncio.to_thread(worker.kill)
     await asyncio.sleep(SETTLED_AFTER_S + 4)
