@@ -174,23 +174,31 @@ class EmbeddingWorker:
         return _Prepared(inputs, truncated)
 
     def _collect(self, prepared: _Prepared, results: list[Any]) -> EmbedOutcome:
-        dropped = next((r for r in results if isinstance(r, Dropped)), None)
-        if dropped is not None:
-            if dropped.reason == EXPIRED:
-                return deadline_rejection()
-            # Nobody is listening; the status only has to be an error.
-            return EmbedRejection(499, "The client went away.", code="client_gone")
-        failure = next((r for r in results if isinstance(r, BaseException)), None)
-        if failure is not None:
-            logger.error("embedding batch failed: %r", failure)
-            return EmbedRejection(
-                500,
-                MODEL_FAILED_MESSAGE,
-                code="model_error",
-                error_type="server_error",
-            )
+        failed = failed_outcome(results, "embedding")
+        if failed is not None:
+            return failed
         return EmbedResult(
             vectors=np.stack(results),
             token_counts=[len(ids) for ids in prepared.inputs],
             truncated=prepared.truncated,
         )
+
+
+def failed_outcome(results: Sequence[Any], what: str) -> EmbedRejection | None:
+    """The answer for a job any of whose items was dropped or failed; None if all ran."""
+    dropped = next((r for r in results if isinstance(r, Dropped)), None)
+    if dropped is not None:
+        if dropped.reason == EXPIRED:
+            return deadline_rejection()
+        # Nobody is listening; the status only has to be an error.
+        return EmbedRejection(499, "The client went away.", code="client_gone")
+    failure = next((r for r in results if isinstance(r, BaseException)), None)
+    if failure is not None:
+        logger.error("%s batch failed: %r", what, failure)
+        return EmbedRejection(
+            500,
+            MODEL_FAILED_MESSAGE,
+            code="model_error",
+            error_type="server_error",
+        )
+    return None

@@ -1,0 +1,170 @@
+"""Per-class batching shared by the model deployments (embedder, reranker).
+
+A deployment class inherits `ClassBatching` and supplies `_compute(items)`: the forward
+pass over one batch of items, run on the deployment's one model thread. The base gives
+it one `@serve.batch` queue per priority class (sized by count and padded tokens through
+each item's `BatchBudget`), the priority gate (one forward pass at a time, the most urgent
+waiting batch first, with ageing), the drop of items whose job expired or lost its client
+just before the pass, job bookkeeping for `forget`, and the counters `info()` reports.
+
+`@serve.batch` keeps its queue on the decorated function, so it is shared by the
+instances of one process: fine for Serve, which runs one replica per actor process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from ray import serve
+
+from deployments.config import ModelBatching
+from deployments.core.batch_budget import BatchBudget, budget_size
+from deployments.core.priority import ALL_PRIORITIES, Priority
+from deployments.core.priority_gate import PriorityGate
+from deployments.embedding_worker import Dropped, JobState, split_live
+
+Outcome = TypeVar("Outcome")
+
+
+class ClassBatching:
+    _executor: ThreadPoolExecutor
+
+    def _init_batching(self, executor: ThreadPoolExecutor, batching: ModelBatching) -> None:
+        self._executor = executor
+        self._budgets = {p: BatchBudget(1, 1) for p in ALL_PRIORITIES}
+        self._runners = {
+            Priority.REALTIME: self._batch_realtime,
+            Priority.NORMAL: self._batch_normal,
+            Priority.BATCH: self._batch_batch,
+        }
+        self.gate = PriorityGate({})
+        self.reconfigure(batching.model_dump())
+        self._live: dict[str, JobState] = {}
+        self._counts = {"batches": 0, "items": 0, "expired_items": 0, "client_gone_items": 0}
+        self._class_counts = {p: {"batches": 0, "items": 0} for p in ALL_PRIORITIES}
+        self._recent_drops: deque[dict[str, str]] = deque(maxlen=256)
+
+    def _compute(self, items: list[Any]) -> Sequence[Any]:
+        """One result per item; runs on the model thread."""
+        raise NotImplementedError
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        batching = ModelBatching.model_validate(user_config)
+        self.batching = batching
+        for priority in ALL_PRIORITIES:
+            settings = batching.of(priority.label)  # type: ignore[arg-type]
+            budget = self._budgets[priority]
+            budget.max_batch_size = settings.max_batch_size
+            budget.max_batch_tokens = settings.max_batch_tokens
+            self._runners[priority].set_max_batch_size(settings.max_batch_size)
+            self._runners[priority].set_batch_wait_timeout_s(settings.batch_wait_timeout_s)
+        self.gate.set_aged_after_s(
+            {p: batching.of(p.label).aged_after_s for p in ALL_PRIORITIES}  # type: ignore[arg-type]
+        )
+
+    def batching_info(self) -> dict[str, Any]:
+        batches, items = self._counts["batches"], self._counts["items"]
+        return {
+            "pid": os.getpid(),
+            "batching": self.batching.model_dump(),
+            **self._counts,
+            "mean_batch_size": items / batches if batches else 0.0,
+            "classes": {
+                p.label: {
+                    **counts,
+                    "mean_batch_size": counts["items"] / counts["batches"]
+                    if counts["batches"]
+                    else 0.0,
+                }
+                for p, counts in self._class_counts.items()
+            },
+            "gate": vars(self.gate.stats),
+            "jobs_in_progress": len(self._live),
+            "recent_drops": list(self._recent_drops),
+        }
+
+    async def _run_tracked(
+        self,
+        job_ids: list[str],
+        request_ids: list[str],
+        time_left_s: list[float | None],
+        run: Callable[[list[JobState]], Awaitable[list[Outcome]]],
+    ) -> list[Outcome]:
+        """Run one call's jobs with a `JobState` each, known to `forget` meanwhile."""
+        now = time.monotonic()
+        states = [
+            JobState(request_id, None if left is None else now + left)
+            for request_id, left in zip(request_ids, time_left_s, strict=True)
+        ]
+        for job_id, state in zip(job_ids, states, strict=True):
+            self._live[job_id] = state
+        try:
+            return await run(states)
+        except asyncio.CancelledError:
+            # Serve cancels the call when every client of it went away.
+            for state in states:
+                state.cancelled = True
+            raise
+        finally:
+            for job_id in job_ids:
+                self._live.pop(job_id, None)
+
+    def forget(self, job_ids: list[str]) -> int:
+        """Jobs whose client went away: their items are dropped before the model runs."""
+        found = 0
+        for job_id in job_ids:
+            state = self._live.get(job_id)
+            if state is not None:
+                state.cancelled = True
+                found += 1
+        return found
+
+    async def _forward(self, priority: Priority, items: list[Any]) -> list[Any]:
+        async with self.gate.turn(priority):
+            live, marks = split_live(items, time.monotonic())
+            self._note_drops(marks, items)
+            results: list[Any] = []
+            if live:
+                loop = asyncio.get_running_loop()
+                results = list(await loop.run_in_executor(self._executor, self._compute, live))
+                self._count(priority, len(live))
+        computed = iter(results)
+        return [mark if mark is not None else next(computed) for mark in marks]
+
+    def _count(self, priority: Priority, items: int) -> None:
+        self._counts["batches"] += 1
+        self._counts["items"] += items
+        self._class_counts[priority]["batches"] += 1
+        self._class_counts[priority]["items"] += items
+
+    def _note_drops(self, marks: list[Dropped | None], items: list[Any]) -> None:
+        noted: set[int] = set()
+        for mark, item in zip(marks, items, strict=True):
+            if mark is None:
+                continue
+            self._counts[f"{mark.reason}_items"] += 1
+            if id(item.state) not in noted:
+                noted.add(id(item.state))
+                self._recent_drops.append(
+                    {"request_id": item.state.request_id, "reason": mark.reason}
+                )
+
+    # One queue per class, each with its own size, wait and token budget (reconfigure
+    # sets them); a class's batch size is measured by its items' budget.
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.002, batch_size_fn=budget_size)
+    async def _batch_realtime(self, items: list[Any]) -> list[Any]:
+        return await self._forward(Priority.REALTIME, items)
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01, batch_size_fn=budget_size)
+    async def _batch_normal(self, items: list[Any]) -> list[Any]:
+        return await self._forward(Priority.NORMAL, items)
+
+    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.05, batch_size_fn=budget_size)
+    async def _batch_batch(self, items: list[Any]) -> list[Any]:
+        return await self._forward(Priority.BATCH, items)
