@@ -143,6 +143,42 @@ class EmbeddingModelConfig(StrictModel):
     deployment: DeploymentOptions = DeploymentOptions()
 
 
+class RerankModelConfig(StrictModel):
+    name: str = Field(..., min_length=1, description="The `model` name clients send.")
+    source: str = Field(
+        ...,
+        min_length=1,
+        description="`package:<module>` or a local directory, as for embedding models.",
+    )
+    backend: Literal["cross-encoder", "bi-encoder"] = Field(
+        ...,
+        description="cross-encoder: a sentence-transformers CrossEncoder checkpoint (one "
+        "logit per pair); bi-encoder: an embedding model, scoring by cosine.",
+    )
+    max_documents: int = Field(1000, ge=1, description="Most documents in one request (413).")
+    max_tokens_per_doc: int = Field(
+        8192,
+        ge=1,
+        description="Tokens of a document that are scored, at most; a request's "
+        "`max_tokens_per_doc` may lower it.",
+    )
+    chunk_overlap_tokens: int = Field(
+        32, ge=0, description="Tokens shared by neighbouring chunks of a long document."
+    )
+    doc_score: Literal["max", "mean", "first"] = Field(
+        "max", description="A chunked document's score from its chunks' scores."
+    )
+    torch_threads: int = Field(
+        0, ge=0, description="Intra-op threads for the forward pass; 0 = the actor's num_cpus."
+    )
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto",
+        description="Weights' precision; auto = float16 on a GPU Ray assigned, float32 on CPU.",
+    )
+    batching: ModelBatching = ModelBatching()
+    deployment: DeploymentOptions = DeploymentOptions()
+
+
 class ClassAdmission(StrictModel):
     """How the ingress admits one priority class, per model."""
 
@@ -265,13 +301,15 @@ class AppConfig(StrictModel):
     ingress: IngressConfig = IngressConfig()
     auth: AuthConfig = AuthConfig()
     embedding_models: list[EmbeddingModelConfig] = Field(..., min_length=1)
+    rerank_models: list[RerankModelConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _names_are_unique(self) -> AppConfig:
-        names = [m.name for m in self.embedding_models]
+        # One namespace: a client names a model without saying which task it is for.
+        names = [m.name for m in self.embedding_models] + [m.name for m in self.rerank_models]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
-            raise ValueError(f"embedding_models: duplicate model name(s) {duplicates}")
+            raise ValueError(f"model names: duplicate model name(s) {duplicates}")
         for tenant in self.auth.tenants:
             unknown = sorted(set(tenant.models or ()) - set(names))
             if unknown:

