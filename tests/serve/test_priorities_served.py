@@ -33,6 +33,18 @@ def stats(server: Server) -> dict:
     return httpx.get(f"{server.url}/v1/stats", timeout=30).json()["models"][MODEL]
 
 
+def drop_reason(server: Server, request_id: str, timeout_s: float = 20) -> str | None:
+    """Why the model replica dropped this request, once it has (None if it never did)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for drop in stats(server)["replica"]["recent_drops"]:
+            if drop["request_id"] == request_id:
+                return drop["reason"]
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.5)
+
+
 def test_a_realtime_request_overtakes_queued_batch_class_work(server: Server) -> None:
     async def run() -> tuple[list[float], float, httpx.Response]:
         async with httpx.AsyncClient(timeout=120) as client:
@@ -117,14 +129,7 @@ def test_an_expired_request_gets_504_and_the_model_never_computes_it(server: Ser
     assert late.status_code == 504 and late.json()["error"]["code"] == "deadline_exceeded"
     # The realtime call reached the replica and waited at the gate behind the long pass;
     # when its turn came it was out of time and was dropped instead of computed.
-    deadline = time.monotonic() + 20
-    drops: list[dict] = []
-    while time.monotonic() < deadline:
-        drops = stats(server)["replica"]["recent_drops"]
-        if any(d["request_id"] == request_id for d in drops):
-            break
-        time.sleep(0.5)
-    assert {"request_id": request_id, "reason": "expired"} in drops
+    assert drop_reason(server, request_id) == "expired"
     replica = stats(server)["replica"]
     assert replica["gate"]["busy"] is False and replica["jobs_in_progress"] == 0
 
@@ -163,14 +168,7 @@ def test_a_client_that_disconnects_has_its_input_dropped_before_the_model(
             return (await long_pass)[0]
 
     assert asyncio.run(run()).status_code == 200
-    deadline = time.monotonic() + 20
-    drops: list[dict] = []
-    while time.monotonic() < deadline:
-        drops = stats(server)["replica"]["recent_drops"]
-        if any(d["request_id"] == request_id for d in drops):
-            break
-        time.sleep(0.5)
-    assert {"request_id": request_id, "reason": "client_gone"} in drops
+    assert drop_reason(server, request_id) == "client_gone"
     replica = stats(server)["replica"]
     assert replica["gate"]["busy"] is False and replica["jobs_in_progress"] == 0
     realtime = stats(server)["ingress"]["classes"]["realtime"]
