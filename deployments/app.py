@@ -15,17 +15,19 @@ from deployments.backends.sources import ModelSourceError, resolve_model_source
 from deployments.config import AppConfig
 from deployments.embedder import Embedder
 from deployments.ingress import Ingress
+from deployments.reranker import Reranker
 from deployments.tenants import build_access_control
 
 
 def build_app(args: dict[str, Any]) -> Application:
     config = AppConfig.model_validate(args)
-    for model in config.embedding_models:
-        # Fails here, naming the model, rather than later inside a replica.
-        try:
-            resolve_model_source(model.source)
-        except ModelSourceError as exc:
-            raise ModelSourceError(f"embedding model {model.name!r}: {exc}") from None
+    for kind, models in (("embedding", config.embedding_models), ("rerank", config.rerank_models)):
+        for model in models:
+            # Fails here, naming the model, rather than later inside a replica.
+            try:
+                resolve_model_source(model.source)
+            except ModelSourceError as exc:
+                raise ModelSourceError(f"{kind} model {model.name!r}: {exc}") from None
     # A missing key file or variable fails the deploy here, not in the ingress replica.
     build_access_control(config.auth)
     # Batch knobs travel only as each model deployment's user_config: changing them with
@@ -41,8 +43,21 @@ def build_app(args: dict[str, Any]) -> Application:
         .bind(model.model_dump(exclude={"batching"}))
         for model in config.embedding_models
     }
+    rerankers = {
+        model.name: serve.deployment(Reranker)
+        .options(
+            name=f"rerank-{model.name}",
+            user_config=model.batching.model_dump(),
+            **model.deployment.to_serve(),
+        )
+        .bind(model.model_dump(exclude={"batching"}))
+        for model in config.rerank_models
+    }
     ingress = serve.deployment(serve.ingress()(Ingress)).options(
         name="ingress", **config.ingress.deployment.to_serve()
     )
-    without_batching = {"embedding_models": {"__all__": {"batching"}}}
-    return ingress.bind(config.model_dump(exclude=without_batching), embedders)
+    without_batching = {
+        "embedding_models": {"__all__": {"batching"}},
+        "rerank_models": {"__all__": {"batching"}},
+    }
+    return ingress.bind(config.model_dump(exclude=without_batching), embedders, rerankers=rerankers)

@@ -21,6 +21,13 @@ from deployments.errors import (
 )
 from deployments.response import to_json
 from deployments.schemas import EmbeddingRequest, EmbeddingResponse, ErrorBody, ModelList
+from deployments.schemas_rerank import (
+    Dialect,
+    RerankRequest,
+    RerankResponse,
+    TeiRank,
+    TeiRerankRequest,
+)
 
 if TYPE_CHECKING:
     from deployments.ingress import Ingress
@@ -35,7 +42,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         401: "API keys are configured and the request has none or a wrong one.",
         403: "The API key may not use this model.",
         404: "Unknown model.",
-        413: "Body or number of inputs over the configured limit.",
+        413: "Body, number of inputs or of documents over the configured limit.",
         429: "The key's rate limit, or the server sheds this priority class (Retry-After).",
         503: "Realtime queue full or Serve back-pressure (Retry-After), or not ready.",
         504: "The request's deadline (X-Request-Timeout or the class default) passed.",
@@ -46,7 +53,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 def build_http_app(ingress: Ingress) -> FastAPI:
     app = FastAPI(
         title="Tributary",
-        summary="Batched serving of local models: OpenAI-compatible embeddings.",
+        summary="Batched serving of local models: OpenAI-compatible embeddings; Cohere-, "
+        "Jina- and TEI-compatible reranking.",
         version="0.1.0",
     )
     _install_error_handlers(app)
@@ -67,6 +75,30 @@ def build_http_app(ingress: Ingress) -> FastAPI:
         body = await read_body(request, ingress.max_body_bytes)
         answer = await ingress.embed(body, meta, tenant)
         return json_response(answer.body, headers=answer.headers)
+
+    def rerank_route(path: str, dialect: Dialect, schema: type, answer: Any) -> None:
+        async def rerank(request: Request) -> Response:
+            meta = ingress.read_meta(request.headers)
+            tenant = ingress.authenticate(meta)
+            body = await read_body(request, ingress.max_body_bytes)
+            result = await ingress.rerank(body, meta, tenant, dialect)
+            return json_response(result.body, headers=result.headers)
+
+        app.post(
+            path,
+            openapi_extra={
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": schema.model_json_schema()}},
+                }
+            },
+            responses={200: {"model": answer}, **ERROR_RESPONSES},
+            name=f"rerank_{dialect}",
+        )(rerank)
+
+    rerank_route("/v1/rerank", "v1", RerankRequest, RerankResponse)
+    rerank_route("/v2/rerank", "v2", RerankRequest, RerankResponse)
+    rerank_route("/rerank", "tei", TeiRerankRequest, list[TeiRank])
 
     @app.get("/v1/models", responses={200: {"model": ModelList}})
     async def models() -> Response:

@@ -15,11 +15,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from deployments.config import AppConfig, EmbeddingModelConfig
+from deployments.config import AppConfig, EmbeddingModelConfig, RerankModelConfig
 from deployments.core.access import AccessDenied, Tenant, estimate_tokens
 from deployments.core.class_queues import Refused, loop_deadline
 from deployments.core.coalescer import DeadlineExpired
-from deployments.core.jobs import EmbedJob, EmbedRejection, EmbedResult
+from deployments.core.jobs import EmbedJob, EmbedRejection
 from deployments.core.priority import Priority
 from deployments.errors import (
     DeadlineExceeded,
@@ -36,9 +36,12 @@ from deployments.errors import (
 )
 from deployments.http_app import build_http_app
 from deployments.model_client import ModelClient
+from deployments.readiness import serve_readiness
 from deployments.request_meta import RequestMeta, choose_priority, read_meta
+from deployments.rerank_api import rerank_job, rerank_response, rerank_token_estimate
 from deployments.response import embedding_response
 from deployments.schemas import EmbeddingRequest, parse_embedding_request
+from deployments.schemas_rerank import Dialect, parse_rerank_request
 from deployments.tenants import build_access_control
 
 logger = logging.getLogger("ray.serve")
@@ -49,7 +52,7 @@ ReadinessCheck = Callable[[], Awaitable[str | None]]
 
 @dataclass
 class Answer:
-    body: dict[str, Any]
+    body: Any  # a JSON object, or a list for TEI's rerank
     headers: dict[str, str]
 
 
@@ -59,19 +62,31 @@ class Ingress:
         config: dict[str, Any],
         embedders: dict[str, Any],  # model name -> DeploymentHandle of its Embedder
         readiness: ReadinessCheck | None = None,
+        rerankers: dict[str, Any] | None = None,  # model name -> handle of its Reranker
     ) -> None:
         self.config = AppConfig.model_validate(config)
         self._models: dict[str, EmbeddingModelConfig] = {
             m.name: m for m in self.config.embedding_models
         }
+        self._rerank_models: dict[str, RerankModelConfig] = {
+            m.name: m for m in self.config.rerank_models
+        }
         self._created = int(time.time())
-        self._readiness = readiness or _serve_readiness
+        self._readiness = readiness or serve_readiness
         self.access = build_access_control(self.config.auth)
         ingress = self.config.ingress
         self._clients = {
             name: ModelClient(name, embedders[name], ingress.admission, ingress.max_group_items)
             for name in self._models
         }
+        for name in self._rerank_models:
+            self._clients[name] = ModelClient(
+                name,
+                (rerankers or {})[name],
+                ingress.admission,
+                ingress.max_group_items,
+                method="rerank_jobs",
+            )
         self._denied: dict[str, int] = {}
         if self.access.is_open:
             _warn_if_open_to_the_network()
@@ -92,9 +107,10 @@ class Ingress:
                     "object": "model",
                     "created": self._created,
                     "owned_by": "tributary",
-                    "task": "embedding",
+                    "task": task,
                 }
-                for name in self._models
+                for names, task in ((self._models, "embedding"), (self._rerank_models, "rerank"))
+                for name in names
             ],
         }
 
@@ -118,23 +134,59 @@ class Ingress:
         asked = choose_priority(meta.priority, request.priority)
         priority = asked if tenant is None else asked.capped_at(tenant.tier)
         job = _job_of(request, model, meta.request_id)
-        estimate = _token_estimate(job)
+        outcome = await self._run(model.name, priority, job, _token_estimate(job), meta, tenant)
+        return Answer(embedding_response(outcome, request), {"X-Priority": priority.label})
+
+    async def rerank(
+        self, body: bytes, meta: RequestMeta, tenant: Tenant | None, dialect: Dialect
+    ) -> Answer:
+        query = parse_rerank_request(body, dialect)
+        name = query.model
+        if name is None and self._rerank_models:
+            name = next(iter(self._rerank_models))  # TEI serves one model and names none
+        model = self._rerank_models.get(name or "")
+        if name is None:
+            raise ModelNotFound("This server has no rerank model.", param="model")
+        if model is None:
+            raise ModelNotFound(
+                f"The rerank model '{name}' does not exist; GET /v1/models lists them "
+                "(task: rerank).",
+                param="model",
+            )
+        self._guard(lambda: self.access.authorize(tenant, model.name))
+        asked = choose_priority(meta.priority, query.priority)
+        priority = asked if tenant is None else asked.capped_at(tenant.tier)
+        job = rerank_job(query, model, meta.request_id)
+        estimate = rerank_token_estimate(job)
+        outcome = await self._run(model.name, priority, job, estimate, meta, tenant)
+        answer = rerank_response(query, model.name, outcome)
+        return Answer(answer, {"X-Priority": priority.label})
+
+    async def _run(
+        self,
+        model: str,
+        priority: Priority,
+        job: Any,
+        estimate: int,
+        meta: RequestMeta,
+        tenant: Tenant | None,
+    ) -> Any:
+        """Charge the tenant, queue the job, wait for its outcome; the tenant pays for the
+        tokens the model counted, none for a job that failed."""
         self._guard(lambda: self.access.charge(tenant, estimate))
         admission = self.config.ingress.admission.of(priority.label)  # type: ignore[arg-type]
         timeout_s = meta.timeout_s if meta.timeout_s is not None else admission.timeout_s
         try:
-            outcome = await self._submit(model.name, priority, job, timeout_s)
+            outcome = await self._submit(model, priority, job, timeout_s)
             if isinstance(outcome, EmbedRejection):
                 raise _rejection_error(outcome)
         except BaseException:
             self.access.settle(tenant, estimate, 0)  # tokens never computed are not charged
             raise
         self.access.settle(tenant, estimate, sum(outcome.token_counts))
-        return Answer(embedding_response(outcome, request), {"X-Priority": priority.label})
+        return outcome
 
-    async def _submit(
-        self, model: str, priority: Priority, job: EmbedJob, timeout_s: float
-    ) -> EmbedResult | EmbedRejection:
+    async def _submit(self, model: str, priority: Priority, job: Any, timeout_s: float) -> Any:
         try:
             return await self._clients[model].queues.submit(priority, job, loop_deadline(timeout_s))
         except Refused as exc:
@@ -174,9 +226,13 @@ class Ingress:
     async def stats(self) -> dict[str, Any]:
         """This ingress replica's queues per model and class, and one model replica's
         batch counters."""
-        models: dict[str, Any] = {}
-        for name, client in self._clients.items():
-            models[name] = {"ingress": client.queues.stats(), "replica": await client.info()}
+        # Every model replica at once: a poller's answer should not wait for each in turn.
+        names = list(self._clients)
+        replicas = await asyncio.gather(*(self._clients[name].info() for name in names))
+        models = {
+            name: {"ingress": self._clients[name].queues.stats(), "replica": replica}
+            for name, replica in zip(names, replicas, strict=True)
+        }
         return {"models": models, "access_denied": dict(self._denied)}
 
 
@@ -249,27 +305,3 @@ def _rejection_error(rejection: EmbedRejection) -> TributaryError:
     return InvalidRequest(
         rejection.message, param=rejection.param, code=rejection.code, status=rejection.status
     )
-
-
-async def _serve_readiness() -> str | None:
-    """None when every deployment of every application is healthy and has all its
-    replicas running (a model replica only runs once it has loaded and warmed up)."""
-    from ray import serve
-
-    try:
-        status = await asyncio.to_thread(serve.status)
-    except Exception:
-        logger.exception("could not read Serve's status")
-        return "Serve's status is unavailable."
-    for app_name, app in status.applications.items():
-        for name, deployment in app.deployments.items():
-            if deployment.status != "HEALTHY":
-                return f"Deployment {app_name}/{name} is {deployment.status}."
-            not_running = {
-                state: count
-                for state, count in deployment.replica_states.items()
-                if state != "RUNNING" and count
-            }
-            if not_running:
-                return f"Deployment {app_name}/{name} has replicas {not_running}."
-    return None

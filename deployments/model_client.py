@@ -1,7 +1,8 @@
 """The ingress's side of one model deployment: per-class queues, calls, and notes.
 
 Requests are queued by priority class (`ClassQueues`: admission, then a coalescer per
-class) and leave as one `embed_jobs` call per group. Serve's and Ray's own failures are
+class) and leave as one call per group to the deployment's jobs method (`embed_jobs`,
+`rerank_jobs`). Serve's and Ray's own failures are
 turned into the API's errors here, and jobs whose client left after their call went out
 are named to the model (`forget`) so it drops them before computing.
 """
@@ -23,7 +24,6 @@ from deployments.config import AdmissionConfig
 from deployments.core.admission import ClassLimits
 from deployments.core.class_queues import ClassQueues, ClassSettings
 from deployments.core.coalescer import Send
-from deployments.core.jobs import EmbedJob, EmbedOutcome
 from deployments.core.priority import ALL_PRIORITIES, Priority
 from deployments.errors import NotReady, Overloaded
 
@@ -32,10 +32,16 @@ logger = logging.getLogger("ray.serve")
 
 class ModelClient:
     def __init__(
-        self, name: str, handle: Any, admission: AdmissionConfig, max_group_items: int
+        self,
+        name: str,
+        handle: Any,
+        admission: AdmissionConfig,
+        max_group_items: int,
+        method: str = "embed_jobs",
     ) -> None:
         self.name = name
         self._handle = handle
+        self._method = method
         self._notes: set[asyncio.Task[Any]] = set()
         settings = {
             p: ClassSettings(
@@ -47,7 +53,7 @@ class ModelClient:
             )
             for p in ALL_PRIORITIES
         }
-        self.queues: ClassQueues[EmbedJob, EmbedOutcome] = ClassQueues(
+        self.queues: ClassQueues[Any, Any] = ClassQueues(
             self._sender,
             settings,
             size_of=len,
@@ -55,9 +61,11 @@ class ModelClient:
             on_abandon=self._forget,
         )
 
-    def _sender(self, priority: Priority) -> Send[EmbedJob, EmbedOutcome]:
-        async def send(jobs: list[EmbedJob], time_left: list[float | None]) -> list[EmbedOutcome]:
-            response = self._handle.embed_jobs.remote(priority.label, jobs, time_left)
+    def _sender(self, priority: Priority) -> Send[Any, Any]:
+        # Jobs are EmbedJob or RerankJob, outcomes theirs; only the method differs.
+        async def send(jobs: list[Any], time_left: list[float | None]) -> list[Any]:
+            method = getattr(self._handle, self._method)
+            response = method.remote(priority.label, jobs, time_left)
             try:
                 return await response
             except asyncio.CancelledError:
@@ -80,7 +88,7 @@ class ModelClient:
 
         return send
 
-    def _forget(self, job: EmbedJob) -> None:
+    def _forget(self, job: Any) -> None:
         # Its call carries other clients' jobs, so it goes on; the model is told to skip
         # this one. With several replicas the note may reach another one, which ignores
         # it: the job is then computed and its answer discarded.

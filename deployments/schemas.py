@@ -100,7 +100,12 @@ def parse_embedding_request(body: bytes) -> EmbeddingRequest:
         raise _as_invalid_request(exc) from None
 
 
-def _as_invalid_request(exc: ValidationError) -> InvalidRequest:
+def _as_invalid_request(
+    exc: ValidationError, shapes: dict[str, str] | None = None
+) -> InvalidRequest:
+    """One 400 from pydantic's first complaint; `shapes` gives, per field whose accepted
+    shapes are several, the sentence that says them all (pydantic lists every branch)."""
+    shapes = {"input": INPUT_SHAPE} if shapes is None else shapes
     first = exc.errors(include_url=False)[0]
     kind = first["type"]
     if kind == "json_invalid":
@@ -108,8 +113,8 @@ def _as_invalid_request(exc: ValidationError) -> InvalidRequest:
     if kind == "model_type":
         return InvalidRequest("The body must be a JSON object.")
     field = str(first["loc"][0]) if first["loc"] else None
-    if field == "input" and kind != "missing":
-        return InvalidRequest(INPUT_SHAPE, param="input")
+    if field in shapes and kind != "missing":
+        return InvalidRequest(shapes[field], param=field)
     if kind == "missing":
         return InvalidRequest(f"Missing required parameter '{field}'.", param=field)
     if kind == "extra_forbidden":
