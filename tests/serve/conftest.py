@@ -1,21 +1,26 @@
 """Starts the real application once per session, through `python -m deployments.launch`
 (what `make serve` runs), on a config derived from serve_config.yaml with a free port, a
 second, strict copy of MiniLM (`truncate: false`), API keys for three tenants and a small
-batch-class queue (so a flood is quick to make). Stops it with Ctrl-C, as a user would;
+batch-class queue (so a flood is quick to make), and a small cross-encoder reranker
+built into a temporary directory at session start. Stops it with Ctrl-C, as a user would;
 the fixture fails if any process it started outlives that."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from bench.server import Server, load_config, running_server
 from deployments.core.keys import digest
+from tests.tiny_models import build_tiny_cross_encoder
 
 MODEL = "all-MiniLM-L6-v2"
 STRICT_MODEL = "minilm-strict"
+RERANK_MODEL = "minilm-rerank"  # the default app's bi-encoder reranker
+CROSS_MODEL = "tiny-cross-encoder"  # built by the session, random weights
 
 # Test keys, known to the test server only as their digests.
 ADMIN_KEY = "trib-test-admin"  # tier realtime, every model, no rate limit
@@ -25,9 +30,22 @@ AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 BATCH_QUEUE_ITEMS = 256
 
 
-def serve_test_config() -> dict:
+def serve_test_config(cross_encoder_dir: Path | None = None) -> dict:
     config = load_config()
     args = config["applications"][0]["args"]
+    # The embedders and the ingress already claim both cores; the rerankers claim none,
+    # so they fit (they are idle while the embedding tests run).
+    for reranker in args.get("rerank_models", []):
+        reranker["deployment"]["ray_actor_options"]["num_cpus"] = 0
+    if cross_encoder_dir is not None:
+        cross = copy.deepcopy(args["rerank_models"][0])
+        cross.update(
+            name=CROSS_MODEL,
+            source=str(cross_encoder_dir),
+            backend="cross-encoder",
+            torch_threads=1,
+        )
+        args["rerank_models"].append(cross)
     strict = copy.deepcopy(args["embedding_models"][0])
     strict.update(name=STRICT_MODEL, truncate=False, torch_threads=1)
     strict["deployment"]["ray_actor_options"]["num_cpus"] = 0.5
@@ -55,6 +73,12 @@ def serve_test_config() -> dict:
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with running_server(serve_test_config(), tmp_path_factory.mktemp("serve")) as server:
+def cross_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_cross_encoder(tmp_path_factory.mktemp("models") / "cross")
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory, cross_encoder_dir: Path) -> Iterator[Server]:
+    config = serve_test_config(cross_encoder_dir)
+    with running_server(config, tmp_path_factory.mktemp("serve")) as server:
         yield server

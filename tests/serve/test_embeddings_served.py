@@ -11,7 +11,14 @@ import pytest
 from sentence_transformers import SentenceTransformer
 
 from deployments.backends.sources import resolve_model_source
-from tests.serve.conftest import AUTH, MODEL, STRICT_MODEL, Server
+from tests.serve.conftest import (
+    AUTH,
+    CROSS_MODEL,
+    MODEL,
+    RERANK_MODEL,
+    STRICT_MODEL,
+    Server,
+)
 
 MIXED_TEXTS = [
     "A man is eating food.",
@@ -47,6 +54,8 @@ def test_health_and_model_list(server: Server) -> None:
     assert {m["id"]: m["task"] for m in models} == {
         MODEL: "embedding",
         STRICT_MODEL: "embedding",
+        RERANK_MODEL: "rerank",
+        CROSS_MODEL: "rerank",
     }
 
 
