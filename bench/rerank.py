@@ -1,0 +1,175 @@
+"""`make bench`, rerank part: pairs/s of the served reranker against its bare backend.
+
+The default app's reranker (serve_config.yaml, `rerank_models[0]`) is started as
+`make serve` starts it; then, for a few rounds: the bare backend (the same scorer class
+the deployment loads, tokenizing and scoring the same query-document pairs in batches of
+the deployment's normal-class `max_batch_size`) with the server idle, followed at once by
+closed-loop load of 8 concurrent requests x 50 documents on `POST /v2/rerank`. The median
+of the per-round ratios is checked against the bar (0.85x) and written to
+docs/benchmarks.md between the `rerank` markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bench.loadgen import LoadResult, run_closed_loop
+from bench.report import write_section
+from bench.server import ROOT, load_config, running_server
+from bench.texts import sentences
+from deployments.backends.pair_scorer import PairScorer
+from deployments.config import RerankModelConfig
+from deployments.launch import DEFAULT_MODE
+from deployments.reranker import load_scorer
+
+BAR = 0.85
+SETTLE_S = 10
+
+
+@dataclass
+class Round:
+    bare_pairs_per_s: float
+    load: LoadResult
+
+    @property
+    def ratio(self) -> float:
+        return self.load.texts_per_s / self.bare_pairs_per_s
+
+
+def workload(n_requests: int, docs: int) -> list[tuple[str, list[str]]]:
+    texts = sentences(n_requests * (docs + 1))
+    return [
+        (texts[i * (docs + 1)], texts[i * (docs + 1) + 1 : (i + 1) * (docs + 1)])
+        for i in range(n_requests)
+    ]
+
+
+def bare_pairs_per_s(
+    scorer: PairScorer, work: list[tuple[str, list[str]]], batch: int, duration_s: float
+) -> float:
+    """Tokenize each request's query and documents and score its pairs, `batch` pairs a
+    pass (a pass may span requests, as the deployment's batches do)."""
+
+    def pass_over(start: int) -> int:
+        pairs = []
+        for query, docs in work[start : start + 4]:
+            q, *ds = scorer.tokenize([query, *docs])
+            pairs += [(q[: scorer.max_query_tokens], d) for d in ds]
+        for i in range(0, len(pairs), batch):
+            scorer.score(pairs[i : i + batch])
+        return len(pairs)
+
+    pass_over(0)  # warm up
+    done, start = 0, 0
+    began = time.perf_counter()
+    while (elapsed := time.perf_counter() - began) < duration_s:
+        done += pass_over(start)
+        start = (start + 4) % len(work)
+    return done / elapsed
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=15.0, help="seconds per load run")
+    parser.add_argument("--bare-duration", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--documents", type=int, default=50, help="documents per request")
+    parser.add_argument("--config", type=Path, default=ROOT / "serve_config.yaml")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args(argv)
+    extra = sys.argv[1:] if argv is None else argv
+    command = "python -m bench.rerank" + (f" {' '.join(extra)}" if extra else "")
+
+    config = load_config(args.config)
+    model = RerankModelConfig.model_validate(config["applications"][0]["args"]["rerank_models"][0])
+    scorer = load_scorer(model, "cpu")
+    if model.torch_threads:
+        torch.set_num_threads(model.torch_threads)
+    batch = model.batching.normal.max_batch_size
+    work = workload(64, args.documents)
+    bodies = [
+        json.dumps({"model": model.name, "query": q, "documents": d}).encode() for q, d in work
+    ]
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    rounds: list[Round] = []
+    with (
+        tempfile.TemporaryDirectory() as workdir,
+        running_server(config, Path(workdir), mode=DEFAULT_MODE) as server,
+    ):
+        time.sleep(SETTLE_S)
+        for index in range(args.rounds):
+            bare = bare_pairs_per_s(scorer, work, batch, args.bare_duration)
+            print(f"round {index + 1}: bare {bare:.0f} pairs/s", file=sys.stderr)
+            load = asyncio.run(
+                run_closed_loop(
+                    "127.0.0.1",
+                    server.port,
+                    "/v2/rerank",
+                    bodies,
+                    args.documents,
+                    args.concurrency,
+                    args.duration,
+                )
+            )
+            rounds.append(Round(bare, load))
+    section = render(started, command, model, args, batch, rounds)
+    print(section)
+    if not args.no_write:
+        write_section(args.out, "rerank", section)
+    ratio = statistics.median(r.ratio for r in rounds)
+    sys.exit(0 if ratio >= BAR and not sum(r.load.failures for r in rounds) else 1)
+
+
+def render(
+    started: str,
+    command: str,
+    model: RerankModelConfig,
+    args: argparse.Namespace,
+    batch: int,
+    rounds: list[Round],
+) -> str:
+    def median(values: list[float]) -> float:
+        return statistics.median(values)
+
+    ratio = median([r.ratio for r in rounds])
+    failures = sum(r.load.failures for r in rounds)
+    passed = ratio >= BAR and not failures
+    return "\n".join(
+        [
+            f"Run {started} with `{command}` on {platform.machine()}, {os.cpu_count()} cores, "
+            f"Python {platform.python_version()}: reranker `{model.name}` ({model.backend}), "
+            f"mode {DEFAULT_MODE}. Each round: the bare backend (tokenize + score, "
+            f"{batch} pairs a pass) with the server idle, then {args.concurrency} concurrent "
+            f"requests x {args.documents} documents on `POST /v2/rerank`; medians of "
+            f"{len(rounds)} rounds.",
+            "",
+            "| bare pairs/s | served pairs/s | × bare | req/s | p50 ms | p95 ms | failed | bar |",
+            "|---|---|---|---|---|---|---|---|",
+            f"| {median([r.bare_pairs_per_s for r in rounds]):.0f} "
+            f"| {median([r.load.texts_per_s for r in rounds]):.0f} | {ratio:.2f} "
+            f"| {median([r.load.req_per_s for r in rounds]):.1f} "
+            f"| {median([r.load.p50_ms for r in rounds]):.0f} "
+            f"| {median([r.load.p95_ms for r in rounds]):.0f} | {failures} "
+            f"| ≥ {BAR}×: {'pass' if passed else 'FAIL'} |",
+            "",
+            "Per round, × bare: " + ", ".join(f"{r.ratio:.2f}" for r in rounds) + ".",
+        ]
+    )
+
+
+if __name__ == "__main__":
+    main()
