@@ -127,6 +127,9 @@ class ClassBatching:
 
     async def _forward(self, priority: Priority, items: list[Any]) -> list[Any]:
         async with self.gate.turn(priority):
+            # One loop turn first: a cancel or a forget note that arrived during the last
+            # forward pass is queued on this loop, and must land before we decide.
+            await asyncio.sleep(0)
             live, marks = split_live(items, time.monotonic())
             self._note_drops(marks, items)
             results: list[Any] = []

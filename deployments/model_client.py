@@ -69,8 +69,11 @@ class ModelClient:
             try:
                 return await response
             except asyncio.CancelledError:
-                # Every client of this call left: Serve cancels it in the replica too.
+                # Every client of this call left. Serve cancels it in the replica, but under
+                # load its cancel can arrive after the replica's next forward pass; the note
+                # travels as a plain call and whichever lands first drops the jobs.
                 response.cancel()
+                self._forget_all([job.job_id for job in jobs])
                 raise
             except BackPressureError as exc:
                 raise Overloaded(
@@ -92,15 +95,18 @@ class ModelClient:
         # Its call carries other clients' jobs, so it goes on; the model is told to skip
         # this one. With several replicas the note may reach another one, which ignores
         # it: the job is then computed and its answer discarded.
-        note = asyncio.get_running_loop().create_task(self._send_forget(job.job_id))
+        self._forget_all([job.job_id])
+
+    def _forget_all(self, job_ids: list[str]) -> None:
+        note = asyncio.get_running_loop().create_task(self._send_forget(job_ids))
         self._notes.add(note)
         note.add_done_callback(self._notes.discard)
 
-    async def _send_forget(self, job_id: str) -> None:
+    async def _send_forget(self, job_ids: list[str]) -> None:
         try:
-            await self._handle.forget.remote([job_id])
+            await self._handle.forget.remote(job_ids)
         except Exception as exc:  # a lost note costs one wasted computation, no more
-            logger.info("could not tell model %s to drop job: %r", self.name, exc)
+            logger.info("could not tell model %s to drop jobs: %r", self.name, exc)
 
     async def info(self) -> dict[str, Any]:
         return await self._handle.info.remote()

@@ -142,14 +142,18 @@ def test_a_client_that_disconnects_has_its_input_dropped_before_the_model(
     async def wait_at_the_gate(client: httpx.AsyncClient) -> None:
         for _ in range(200):
             stats = (await client.get(f"{server.url}/v1/stats")).json()["models"][MODEL]
-            if stats["replica"]["gate"]["waiting"]["realtime"]:
+            if stats["replica"]["gate"]["waiting"]["batch"]:
                 return
             await asyncio.sleep(0.05)
-        raise AssertionError("the realtime request never reached the replica's gate")
+        raise AssertionError("the batch-class request never reached the replica's gate")
 
     async def run() -> httpx.Response:
         async with httpx.AsyncClient(timeout=120) as client:
-            long_pass = asyncio.create_task(post(client, server, [LONG_TEXT] * 64))
+            # Two long normal-class passes: the batch-class request below waits at the
+            # gate behind them (at least its class's ageing time, 1 s).
+            long_passes = [
+                asyncio.create_task(post(client, server, [LONG_TEXT] * 64)) for _ in range(2)
+            ]
             await asyncio.sleep(0.4)
             impatient = httpx.AsyncClient(timeout=120)
             leaving = asyncio.create_task(
@@ -157,19 +161,19 @@ def test_a_client_that_disconnects_has_its_input_dropped_before_the_model(
                     impatient,
                     server,
                     "never mind",
-                    **{"X-Priority": "realtime", "X-Request-ID": request_id},
+                    **{"X-Priority": "batch", "X-Request-ID": request_id},
                 )
             )
-            # It waits at the gate behind the long pass; then its client gives up and
-            # closes the connection.
+            # Once it waits at the gate, its client gives up and closes the connection.
             await wait_at_the_gate(client)
             leaving.cancel()
             await impatient.aclose()
-            return (await long_pass)[0]
+            return (await asyncio.gather(*long_passes))[0][0]
 
     assert asyncio.run(run()).status_code == 200
-    assert drop_reason(server, request_id) == "client_gone"
+    reason = drop_reason(server, request_id)
+    ingress = stats(server)["ingress"]["classes"]["batch"]
+    assert reason == "client_gone", ingress
     replica = stats(server)["replica"]
     assert replica["gate"]["busy"] is False and replica["jobs_in_progress"] == 0
-    realtime = stats(server)["ingress"]["classes"]["realtime"]
-    assert realtime["in_flight"] == 0 and realtime["queued_items"] == 0
+    assert ingress["in_flight"] == 0 and ingress["queued_items"] == 0
