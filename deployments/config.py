@@ -118,8 +118,22 @@ class ModelBatching(StrictModel):
         return getattr(self, priority)
 
 
-class EmbeddingModelConfig(StrictModel):
+class ModelDeploymentConfig(StrictModel):
+    """What every model deployment has, whatever its task."""
+
     name: str = Field(..., min_length=1, description="The `model` name clients send.")
+    torch_threads: int = Field(
+        0, ge=0, description="Intra-op threads for the forward pass; 0 = the actor's num_cpus."
+    )
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto",
+        description="Weights' precision; auto = float16 on a GPU Ray assigned, float32 on CPU.",
+    )
+    batching: ModelBatching = ModelBatching()
+    deployment: DeploymentOptions = DeploymentOptions()
+
+
+class EmbeddingModelConfig(ModelDeploymentConfig):
     source: str = Field(
         ...,
         min_length=1,
@@ -132,19 +146,9 @@ class EmbeddingModelConfig(StrictModel):
         "response); false answers 400 instead.",
     )
     max_inputs: int = Field(2048, ge=1, description="Most inputs in one request (413).")
-    torch_threads: int = Field(
-        0, ge=0, description="Intra-op threads for the forward pass; 0 = the actor's num_cpus."
-    )
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
-        "auto",
-        description="Weights' precision; auto = float16 on a GPU Ray assigned, float32 on CPU.",
-    )
-    batching: ModelBatching = ModelBatching()
-    deployment: DeploymentOptions = DeploymentOptions()
 
 
-class RerankModelConfig(StrictModel):
-    name: str = Field(..., min_length=1, description="The `model` name clients send.")
+class RerankModelConfig(ModelDeploymentConfig):
     source: str = Field(
         ...,
         min_length=1,
@@ -168,15 +172,6 @@ class RerankModelConfig(StrictModel):
     doc_score: Literal["max", "mean", "first"] = Field(
         "max", description="A chunked document's score from its chunks' scores."
     )
-    torch_threads: int = Field(
-        0, ge=0, description="Intra-op threads for the forward pass; 0 = the actor's num_cpus."
-    )
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
-        "auto",
-        description="Weights' precision; auto = float16 on a GPU Ray assigned, float32 on CPU.",
-    )
-    batching: ModelBatching = ModelBatching()
-    deployment: DeploymentOptions = DeploymentOptions()
 
 
 class ClassAdmission(StrictModel):

@@ -27,8 +27,12 @@ class WordScorer:
     def pair_tokens(self, query_tokens: int, doc_tokens: int) -> int:
         return query_tokens + doc_tokens + 2
 
+    def __init__(self) -> None:
+        self._vocab: dict[str, int] = {}
+
     def tokenize(self, texts: list[str]) -> list[list[int]]:
-        return [[hash(w) % 1000 for w in text.split()] for text in texts]
+        # A vocabulary, not hash(): string hashes change per process and could collide.
+        return [[self._vocab.setdefault(w, len(self._vocab)) for w in t.split()] for t in texts]
 
     def score(self, pairs: list[tuple[list[int], list[int]]]) -> np.ndarray:
         return np.array([len(set(q) & set(d)) for q, d in pairs], dtype=np.float32)
