@@ -31,7 +31,6 @@ test: lint
 
 bench: install
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
-	$(BIN)/python -m bench.rerank $(RERANK_BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -7,6 +7,7 @@ parsed just enough to find the status and where the body ends.
 
 import argparse
 import asyncio
+import email.utils
 import math
 import sys
 import time
@@ -27,6 +28,8 @@ _TICK_S = 0.25
 _ERROR_SNIPPET = 300
 _OK = 200
 _NO_BODY_STATUSES = frozenset({*range(100, 200), 204, 304})
+# Statuses after which a client that honours Retry-After waits before its next request.
+RETRY_STATUSES = frozenset({429, 503})
 
 
 @dataclass
@@ -145,8 +148,25 @@ async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
         parts.append((await reader.readexactly(size + 2))[:-2])
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
-    """Return (status, body, keep_alive) of one response."""
+def parse_retry_after(value: bytes | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After value (delta-seconds or an HTTP date, RFC 9110);
+    None when absent or unreadable. ``now`` is the Unix time an HTTP date is measured from."""
+    if value is None:
+        return None
+    text = value.decode("latin-1").strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool, bytes | None]:
+    """Return (status, body, keep_alive, the Retry-After value) of one response."""
     head = (await reader.readuntil(b"\r\n\r\n")).lower()
     status = int(head[9:12])
     connection = _header(head, b"connection")
@@ -164,10 +184,17 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool
     else:
         body = await reader.read()  # delimited by connection close
         keep_alive = False
-    return status, body, keep_alive
+    return status, body, keep_alive, _header(head, b"retry-after")
 
 
-async def _worker(state: _State, host: str, port: int, requests: list[bytes], offset: int) -> None:
+async def _worker(
+    state: _State,
+    host: str,
+    port: int,
+    requests: list[bytes],
+    offset: int,
+    honor_retry_after: bool = False,
+) -> None:
     reader: asyncio.StreamReader | None = None
     writer: asyncio.StreamWriter | None = None
     i = offset
@@ -181,7 +208,7 @@ async def _worker(state: _State, host: str, port: int, requests: list[bytes], of
                     reader, writer = await asyncio.open_connection(host, port)
                 # No drain(): one request in flight per connection bounds the buffer.
                 writer.write(request)
-                status, body, keep_alive = await _read_response(reader)
+                status, body, keep_alive, retry_after = await _read_response(reader)
             except (
                 OSError,
                 EOFError,
@@ -200,6 +227,10 @@ async def _worker(state: _State, host: str, port: int, requests: list[bytes], of
             if not keep_alive:
                 writer.close()
                 reader = writer = None
+            if honor_retry_after and status in RETRY_STATUSES:
+                wait = parse_retry_after(retry_after)
+                if wait is not None:  # as an SDK would; never past the window
+                    await asyncio.sleep(min(wait, max(0.0, state.window_end - done)))
     finally:
         if writer is not None:
             writer.close()
@@ -259,12 +290,15 @@ async def run_closed_loop(
     warmup_s: float = 2.0,
     progress: bool = True,
     headers: dict[str, str] | None = None,
+    honor_retry_after: bool = False,
 ) -> LoadResult:
     """Keep ``concurrency`` connections busy for ``warmup_s`` + ``duration_s`` seconds.
 
     Each connection sends one request at a time, cycling through ``bodies``.
     Requests still in flight when the window closes are awaited (up to a grace
-    period) so the server is idle for the next run, but are not counted.
+    period) so the server is idle for the next run, but are not counted. With
+    ``honor_retry_after``, a connection answered 429/503 with a Retry-After waits that
+    long before its next request instead of retrying at once.
     """
     if not bodies:
         raise ValueError("bodies must not be empty")
@@ -277,7 +311,7 @@ async def run_closed_loop(
         side_tasks.append(asyncio.create_task(_progress(state, run_start)))
     step = max(1, len(requests) // concurrency)
     workers = [
-        asyncio.create_task(_worker(state, host, port, requests, n * step))
+        asyncio.create_task(_worker(state, host, port, requests, n * step, honor_retry_after))
         for n in range(concurrency)
     ]
     try:

@@ -1,4 +1,5 @@
-"""`make bench`: Tributary against the bare model, side by side in one run.
+"""`make bench`: Tributary against the bare model, side by side in one run; then the
+mixed-priority scenario (bench/priority_mix.py).
 
 For each Serve mode (how HTTP reaches the ingress, see deployments/launch.py) the default
 app is started as `make serve` starts it; then, for each scenario (64 connections x 1 text,
@@ -25,14 +26,17 @@ from pathlib import Path
 
 import httpx
 
-from bench import bare_model
+from bench import bare_model, rerank
 from bench.loadgen import LoadResult, embedding_bodies, run_closed_loop
+from bench.priority_mix import MixSettings, PriorityMix, failed_criteria
+from bench.priority_mix import render as render_priority
 from bench.report import write_section
 from bench.server import ROOT, Server, load_config, running_server
 from bench.texts import sentences
 from deployments.launch import DEFAULT_MODE, SERVE_MODES
 
 MODEL = "all-MiniLM-L6-v2"
+SCENARIO_NAMES = ("embeddings", "priority", "rerank")
 
 
 @dataclass(frozen=True)
@@ -143,11 +147,24 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=15.0, help="seconds per load run")
     parser.add_argument("--bare-duration", type=float, default=8.0)
-    parser.add_argument("--rounds", type=int, default=3, help="bare+served pairs per scenario")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per scenario")
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIO_NAMES),
+        help="comma-separated: embeddings (the Serve modes against the bare model), "
+        "priority (realtime alone and under a batch-class flood, default mode), "
+        "rerank (the served reranker against its bare backend, bench/rerank.py)",
+    )
     parser.add_argument(
         "--modes",
         default=",".join([DEFAULT_MODE, *sorted(set(SERVE_MODES) - {DEFAULT_MODE})]),
         help="comma-separated Serve modes to compare (deployments/launch.py)",
+    )
+    parser.add_argument(
+        "--priority-rate", type=float, default=5.0, help="realtime requests/s (open loop)"
+    )
+    parser.add_argument(
+        "--priority-duration", type=float, default=20.0, help="measured seconds per phase"
     )
     parser.add_argument("--config", type=Path, default=ROOT / "serve_config.yaml")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
@@ -157,20 +174,54 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(modes) - set(SERVE_MODES)
     if unknown:
         parser.error(f"unknown mode(s) {sorted(unknown)}; known: {sorted(SERVE_MODES)}")
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    if not scenarios or set(scenarios) - set(SCENARIO_NAMES):
+        parser.error(f"--scenarios: a comma-separated subset of {', '.join(SCENARIO_NAMES)}")
 
-    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    bench = Bench(args.duration, args.bare_duration, args.rounds)
-    config = load_config(args.config)
-    results = [m for mode in modes for m in bench.run_mode(mode, config)]
     extra = sys.argv[1:] if argv is None else argv
     command = "make bench" + (f" BENCH_ARGS='{' '.join(extra)}'" if extra else "")
-    section = render(started, command, results)
+    config = load_config(args.config)
+    ok = True
+    if "embeddings" in scenarios:
+        ok &= run_embeddings(args, modes, config, command)
+    if "priority" in scenarios:
+        ok &= run_priority(args, config, command)
+    if "rerank" in scenarios:
+        ok &= run_rerank(args)
+    sys.exit(0 if ok else 1)
+
+
+def _publish(args: argparse.Namespace, name: str, section: str) -> None:
     print(section)
     if not args.no_write:
-        write_section(args.out, "embeddings-v0", section)
+        write_section(args.out, name, section)
         print(f"written to {args.out}", file=sys.stderr)
-    failed = [m for m in results if m.mode == DEFAULT_MODE and not m.passes]
-    sys.exit(1 if failed else 0)
+
+
+def run_embeddings(args: argparse.Namespace, modes: list[str], config: dict, command: str) -> bool:
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    bench = Bench(args.duration, args.bare_duration, args.rounds)
+    results = [m for mode in modes for m in bench.run_mode(mode, config)]
+    _publish(args, "embeddings-v0", render(started, command, results))
+    return not [m for m in results if m.mode == DEFAULT_MODE and not m.passes]
+
+
+def run_rerank(args: argparse.Namespace) -> bool:
+    rerank_args = ["--rounds", str(args.rounds), "--config", str(args.config)]
+    rerank_args += ["--out", str(args.out)] + (["--no-write"] if args.no_write else [])
+    try:
+        rerank.main(rerank_args)
+    except SystemExit as exit_:
+        return exit_.code in (0, None)
+    return True
+
+
+def run_priority(args: argparse.Namespace, config: dict, command: str) -> bool:
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    settings = MixSettings(args.priority_rate, args.priority_duration, args.rounds)
+    rounds = PriorityMix(settings).run(config)
+    _publish(args, "priority-mix", render_priority(started, command, settings, config, rounds))
+    return not failed_criteria(rounds)
 
 
 def render(started: str, command: str, results: list[Measured]) -> str:
