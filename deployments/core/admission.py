@@ -15,6 +15,11 @@ from dataclasses import dataclass
 from deployments.core.priority import Priority
 from deployments.core.throughput import retry_after_s
 
+# The rate is recent history: when a flood starts on an idle server it is still the idle
+# rate, and the estimate would send clients away for minutes while the queue drains in
+# seconds. Past this, a client is better off asking again.
+RETRY_AFTER_CEILING_S = 10.0
+
 
 @dataclass(frozen=True)
 class ClassLimits:
@@ -65,4 +70,5 @@ class Admission:
         # 429 tells a client to back off and come back; realtime, never shed, gets 503:
         # its own bound is the server's capacity, not a share it overdrew.
         status = 503 if priority is Priority.REALTIME else 429
-        return Refusal(reason, status, retry_after_s(ahead + size, items_per_s), ahead, limit)
+        wait = retry_after_s(ahead + size, items_per_s, ceiling_s=RETRY_AFTER_CEILING_S)
+        return Refusal(reason, status, wait, ahead, limit)
