@@ -12,7 +12,7 @@ from ray import serve
 from ray.serve import Application
 
 from deployments.backends.sources import ModelSourceError, resolve_model_source
-from deployments.config import AppConfig
+from deployments.config import AppConfig, ModelDeploymentConfig
 from deployments.embedder import Embedder
 from deployments.ingress import Ingress
 from deployments.reranker import Reranker
@@ -33,26 +33,8 @@ def build_app(args: dict[str, Any]) -> Application:
     # Batch knobs travel only as each model deployment's user_config: changing them with
     # `serve deploy` then reconfigures the running replicas in place, where a change to
     # any constructor argument would restart them.
-    embedders = {
-        model.name: serve.deployment(Embedder)
-        .options(
-            name=f"embed-{model.name}",
-            user_config=model.batching.model_dump(),
-            **model.deployment.to_serve(),
-        )
-        .bind(model.model_dump(exclude={"batching"}))
-        for model in config.embedding_models
-    }
-    rerankers = {
-        model.name: serve.deployment(Reranker)
-        .options(
-            name=f"rerank-{model.name}",
-            user_config=model.batching.model_dump(),
-            **model.deployment.to_serve(),
-        )
-        .bind(model.model_dump(exclude={"batching"}))
-        for model in config.rerank_models
-    }
+    embedders = {m.name: _model_deployment(Embedder, "embed", m) for m in config.embedding_models}
+    rerankers = {m.name: _model_deployment(Reranker, "rerank", m) for m in config.rerank_models}
     ingress = serve.deployment(serve.ingress()(Ingress)).options(
         name="ingress", **config.ingress.deployment.to_serve()
     )
@@ -61,3 +43,15 @@ def build_app(args: dict[str, Any]) -> Application:
         "rerank_models": {"__all__": {"batching"}},
     }
     return ingress.bind(config.model_dump(exclude=without_batching), embedders, rerankers=rerankers)
+
+
+def _model_deployment(cls: type, prefix: str, model: ModelDeploymentConfig) -> Application:
+    return (
+        serve.deployment(cls)
+        .options(
+            name=f"{prefix}-{model.name}",
+            user_config=model.batching.model_dump(),
+            **model.deployment.to_serve(),
+        )
+        .bind(model.model_dump(exclude={"batching"}))
+    )

@@ -89,6 +89,21 @@ class ClassBatching:
             "recent_drops": list(self._recent_drops),
         }
 
+    async def _run_call(
+        self, priority: str, jobs: list[Any], time_left_s: list[float | None]
+    ) -> list[Any]:
+        """One call from the ingress: `jobs` of one class through `self.worker`, whose
+        `run_jobs(jobs, states, budget, run_item)` turns them into items and back."""
+        klass = Priority.parse(priority)
+        return await self._run_tracked(
+            [job.job_id for job in jobs],
+            [job.request_id for job in jobs],
+            time_left_s,
+            lambda states: self.worker.run_jobs(  # type: ignore[attr-defined]
+                jobs, states, self._budgets[klass], self._runners[klass]
+            ),
+        )
+
     async def _run_tracked(
         self,
         job_ids: list[str],

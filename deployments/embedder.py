@@ -26,7 +26,6 @@ from deployments.backends.sources import resolve_model_source
 from deployments.class_batching import ClassBatching
 from deployments.config import EmbeddingModelConfig
 from deployments.core.jobs import EmbedJob, EmbedOutcome
-from deployments.core.priority import Priority
 from deployments.device import assigned_device, torch_dtype
 from deployments.embedding_worker import EmbeddingWorker, Item
 
@@ -72,15 +71,7 @@ class Embedder(ClassBatching):
     async def embed_jobs(
         self, priority: str, jobs: list[EmbedJob], time_left_s: list[float | None]
     ) -> list[EmbedOutcome]:
-        klass = Priority.parse(priority)
-        return await self._run_tracked(
-            [job.job_id for job in jobs],
-            [job.request_id for job in jobs],
-            time_left_s,
-            lambda states: self.worker.run_jobs(
-                jobs, states, self._budgets[klass], self._runners[klass]
-            ),
-        )
+        return await self._run_call(priority, jobs, time_left_s)
 
     def _compute(self, items: list[Item]) -> list[np.ndarray]:
         return list(self.backend.embed([item.ids for item in items]))

@@ -21,7 +21,6 @@ from deployments.backends.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
 from deployments.class_batching import ClassBatching
 from deployments.config import RerankModelConfig
-from deployments.core.priority import Priority
 from deployments.core.rerank_jobs import RerankJob, RerankOutcome
 from deployments.device import assigned_device, torch_dtype
 from deployments.rerank_worker import PairItem, RerankWorker
@@ -79,15 +78,7 @@ class Reranker(ClassBatching):
     async def rerank_jobs(
         self, priority: str, jobs: list[RerankJob], time_left_s: list[float | None]
     ) -> list[RerankOutcome]:
-        klass = Priority.parse(priority)
-        return await self._run_tracked(
-            [job.job_id for job in jobs],
-            [job.request_id for job in jobs],
-            time_left_s,
-            lambda states: self.worker.run_jobs(
-                jobs, states, self._budgets[klass], self._runners[klass]
-            ),
-        )
+        return await self._run_call(priority, jobs, time_left_s)
 
     def _compute(self, items: list[PairItem]) -> list[float]:
         return [float(s) for s in self.backend.score([(i.query, i.doc) for i in items])]
