@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import torch
 from ray import serve
 
 from deployments.config import ModelBatching
@@ -35,8 +36,15 @@ Outcome = TypeVar("Outcome")
 class ClassBatching:
     _executor: ThreadPoolExecutor
 
-    def _init_batching(self, executor: ThreadPoolExecutor, batching: ModelBatching) -> None:
-        self._executor = executor
+    def _init_batching(self, torch_threads: int, batching: ModelBatching) -> int:
+        """Sets up the model thread, the class queues and the gate; returns the model
+        thread's torch thread count (`torch_threads`, or torch's default when 0)."""
+        threads = torch_threads or torch.get_num_threads()
+        # One worker: the model runs one batch at a time. Torch's thread count is per OS
+        # thread, so it is set inside the worker, not here.
+        self._executor = ThreadPoolExecutor(
+            max_workers=1, initializer=torch.set_num_threads, initargs=(threads,)
+        )
         self._budgets = {p: BatchBudget(1, 1) for p in ALL_PRIORITIES}
         self._runners = {
             Priority.REALTIME: self._batch_realtime,
@@ -49,6 +57,7 @@ class ClassBatching:
         self._counts = {"batches": 0, "items": 0, "expired_items": 0, "client_gone_items": 0}
         self._class_counts = {p: {"batches": 0, "items": 0} for p in ALL_PRIORITIES}
         self._recent_drops: deque[dict[str, str]] = deque(maxlen=256)
+        return threads
 
     def _compute(self, items: list[Any]) -> Sequence[Any]:
         """One result per item; runs on the model thread."""

@@ -15,11 +15,9 @@ adds what is particular to embeddings.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-import torch
 
 from deployments.backends.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
@@ -38,18 +36,12 @@ class Embedder(ClassBatching):
     def __init__(self, model: dict[str, Any]) -> None:
         config = EmbeddingModelConfig.model_validate(model)
         self.config = config
-        threads = config.torch_threads or torch.get_num_threads()
-        # One worker: the model runs one batch at a time. Torch's thread count is
-        # per OS thread, so it is set inside the worker, not here.
-        executor = ThreadPoolExecutor(
-            max_workers=1, initializer=torch.set_num_threads, initargs=(threads,)
-        )
         device = assigned_device()
         self.backend = SentenceEmbedder(
             resolve_model_source(config.source), device, torch_dtype(config.dtype, device)
         )
         self.worker = EmbeddingWorker(self.backend, config)
-        self._init_batching(executor, config.batching)
+        threads = self._init_batching(config.torch_threads, config.batching)
         # A real batch before the replica reports ready, so the first client does not
         # pay for lazy initialisation.
         warm = [self.backend.window.wrap(ids)[0] for ids in self.backend.tokenize(WARMUP_TEXTS)]

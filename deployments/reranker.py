@@ -9,10 +9,7 @@ cosine per pair.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-
-import torch
 
 from deployments.backends.bi_encoder import BiEncoderScorer
 from deployments.backends.cross_encoder import CrossEncoderScorer
@@ -42,16 +39,10 @@ class Reranker(ClassBatching):
     def __init__(self, model: dict[str, Any]) -> None:
         config = RerankModelConfig.model_validate(model)
         self.config = config
-        threads = config.torch_threads or torch.get_num_threads()
-        # One worker: the model runs one batch at a time; torch's thread count is per
-        # OS thread, so it is set inside the worker.
-        executor = ThreadPoolExecutor(
-            max_workers=1, initializer=torch.set_num_threads, initargs=(threads,)
-        )
         device = assigned_device()
         self.backend = load_scorer(config, device)
         self.worker = RerankWorker(self.backend, config)
-        self._init_batching(executor, config.batching)
+        threads = self._init_batching(config.torch_threads, config.batching)
         # A real batch before the replica reports ready.
         query, *docs = self.backend.tokenize([WARMUP.query, *WARMUP.documents])
         self._executor.submit(self.backend.score, [(query, doc) for doc in docs]).result()
