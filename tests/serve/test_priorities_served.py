@@ -132,3 +132,48 @@ def test_an_expired_request_gets_504_and_the_model_never_computes_it(server: Ser
     assert drop_reason(server, request_id) == "expired"
     replica = stats(server)["replica"]
     assert replica["gate"]["busy"] is False and replica["jobs_in_progress"] == 0
+
+
+def test_a_client_that_disconnects_has_its_input_dropped_before_the_model(
+    server: Server,
+) -> None:
+    request_id = f"leave-{uuid.uuid4().hex}"
+
+    async def wait_at_the_gate(client: httpx.AsyncClient) -> None:
+        for _ in range(200):
+            stats = (await client.get(f"{server.url}/v1/stats")).json()["models"][MODEL]
+            if stats["replica"]["gate"]["waiting"]["batch"]:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the batch-class request never reached the replica's gate")
+
+    async def run() -> httpx.Response:
+        async with httpx.AsyncClient(timeout=120) as client:
+            # Two long normal-class passes: the batch-class request below waits at the
+            # gate behind them (at least its class's ageing time, 1 s).
+            long_passes = [
+                asyncio.create_task(post(client, server, [LONG_TEXT] * 64)) for _ in range(2)
+            ]
+            await asyncio.sleep(0.4)
+            impatient = httpx.AsyncClient(timeout=120)
+            leaving = asyncio.create_task(
+                post(
+                    impatient,
+                    server,
+                    "never mind",
+                    **{"X-Priority": "batch", "X-Request-ID": request_id},
+                )
+            )
+            # Once it waits at the gate, its client gives up and closes the connection.
+            await wait_at_the_gate(client)
+            leaving.cancel()
+            await impatient.aclose()
+            return (await asyncio.gather(*long_passes))[0][0]
+
+    assert asyncio.run(run()).status_code == 200
+    reason = drop_reason(server, request_id)
+    ingress = stats(server)["ingress"]["classes"]["batch"]
+    assert reason == "client_gone", ingress
+    replica = stats(server)["replica"]
+    assert replica["gate"]["busy"] is False and replica["jobs_in_progress"] == 0
+    assert ingress["in_flight"] == 0 and ingress["queued_items"] == 0
