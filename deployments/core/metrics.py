@@ -118,6 +118,14 @@ BATCH_SIZE = Series(
     MODEL_CLASS,
     SIZE_BUCKETS,
 )
+# Ray exports a histogram's `_sum` approximated from its bucket midpoints (its buckets
+# and `_count` are exact), so a mean batch size needs this exact count of inputs.
+BATCH_ITEMS = Series(
+    "tributary_batch_items",
+    Kind.COUNTER,
+    "Inputs computed in forward passes; over tributary_batch_size_count, the mean batch size.",
+    MODEL_CLASS,
+)
 BATCH_TOKENS = Series(
     "tributary_batch_tokens",
     Kind.HISTOGRAM,
@@ -189,6 +197,7 @@ SERIES: tuple[Series, ...] = (
     QUEUE_WAIT,
     INFERENCE,
     BATCH_SIZE,
+    BATCH_ITEMS,
     BATCH_TOKENS,
     QUEUE_DEPTH,
     REJECTIONS,
@@ -291,6 +300,7 @@ class TributaryMetrics:
         queue_waits_s: list[float],
     ) -> None:
         self._put(BATCH_SIZE, size, model=model, priority=priority)
+        self._put(BATCH_ITEMS, size, model=model, priority=priority)
         self._put(BATCH_TOKENS, padded_tokens, model=model, priority=priority)
         self._put(INFERENCE, inference_s, model=model, priority=priority)
         for wait in queue_waits_s:

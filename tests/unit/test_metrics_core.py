@@ -7,6 +7,7 @@ import re
 import pytest
 
 from deployments.core.metrics import (
+    BATCH_ITEMS,
     BATCH_SIZE,
     BATCH_TOKENS,
     DROPPED_ITEMS,
@@ -74,6 +75,7 @@ def test_a_batch_records_size_padded_tokens_time_and_one_wait_per_job(
     metrics.batch_ran("m", "realtime", 3, 48, 0.02, [0.004, 0.001])
     labels = {"model": "m", "priority": "realtime"}
     assert recorder.values(BATCH_SIZE, **labels) == [3]
+    assert recorder.values(BATCH_ITEMS, **labels) == [3]
     assert recorder.values(BATCH_TOKENS, **labels) == [48]
     assert recorder.values(INFERENCE, **labels) == [0.02]
     assert recorder.values(QUEUE_WAIT, **labels) == [0.004, 0.001]
