@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.install-stamp
 # The CPU build of torch, installed before anything can pull a CUDA build in.
 TORCH_SPEC ?= torch==2.13.0
+# Ray's Prometheus endpoint for `make serve`: http://127.0.0.1:$(METRICS_PORT)/metrics
+METRICS_PORT ?= 8080
 export RAY_USAGE_STATS_ENABLED := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
@@ -20,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 serve: install
-	$(BIN)/python -m deployments.launch serve_config.yaml
+	$(BIN)/python -m deployments.launch --metrics-port $(METRICS_PORT) serve_config.yaml
 
 lint: install
 	$(BIN)/ruff check .

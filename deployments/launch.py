@@ -6,7 +6,14 @@ place before Ray starts (the Serve controller and every replica inherit them), t
 over to `serve run`. Ctrl-C makes `serve run` shut Serve down, and the Ray instance it
 started goes with it.
 
-    python -m deployments.launch [--mode throughput|haproxy|proxy] [serve_config.yaml]
+Ray is started here, in this process, rather than by `serve run`: only `ray.init` can fix
+the port of Ray's Prometheus endpoint (`--metrics-port`, default 8080), where Ray's,
+Serve's and Tributary's series are served as `http://127.0.0.1:<port>/metrics`. `serve
+run` then finds Ray initialised and uses it, so what follows is unchanged: Ctrl-C is its
+KeyboardInterrupt, it shuts Serve down, and the exit shuts down the Ray it runs in.
+
+    python -m deployments.launch [--mode throughput|haproxy|proxy] [--metrics-port N]
+                                 [serve_config.yaml]
 """
 
 from __future__ import annotations
@@ -51,11 +58,18 @@ SERVE_MODES: dict[str, dict[str, str]] = {
     },
 }
 DEFAULT_MODE = "throughput"
+DEFAULT_METRICS_PORT = 8080
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=sorted(SERVE_MODES), default=DEFAULT_MODE)
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=DEFAULT_METRICS_PORT,
+        help="Ray's Prometheus endpoint (/metrics) on this port; 0 lets Ray pick one.",
+    )
     parser.add_argument("config", nargs="?", default="serve_config.yaml")
     args, serve_args = parser.parse_known_args(argv)
     if not Path(args.config).is_file():
@@ -63,10 +77,19 @@ def main(argv: list[str]) -> None:
     for key, value in {**BASE_ENVIRONMENT, **SERVE_MODES[args.mode]}.items():
         os.environ.setdefault(key, value)
     # A shell starts background jobs with SIGINT ignored, and Python keeps an ignored
-    # SIGINT ignored; restore the default so `serve run` turns SIGINT into a clean stop.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    serve = Path(sys.executable).with_name("serve")
-    os.execv(serve, [str(serve), "run", args.config, *serve_args])
+    # SIGINT ignored; restore Python's handler so `serve run` sees KeyboardInterrupt and
+    # turns SIGINT into a clean stop.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Imported only now: Ray reads some of the variables above when it is imported.
+    import ray
+    from ray.serve.scripts import cli as serve_cli
+
+    address = os.environ["RAY_ADDRESS"]
+    port = {"_metrics_export_port": args.metrics_port} if args.metrics_port else {}
+    # Only a Ray we start takes a metrics port; an existing cluster has its own.
+    # "serve": the namespace `serve run` itself would have joined.
+    ray.init(address=address, namespace="serve", **(port if address == "local" else {}))
+    serve_cli.main(["run", args.config, *serve_args], prog_name="serve")
 
 
 if __name__ == "__main__":
