@@ -10,7 +10,7 @@ METRICS_PORT ?= 8080
 export RAY_USAGE_STATS_ENABLED := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install serve test lint bench clean
+.PHONY: install browser serve test lint bench clean
 
 install: $(STAMP)
 
@@ -28,7 +28,12 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint
+# The /status page's serve test drives a real headless browser: Debian's chromium.
+browser:
+	@command -v chromium >/dev/null || \
+		{ apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; }
+
+test: lint browser
 	$(BIN)/python -m pytest
 
 bench: install

@@ -82,3 +82,15 @@ async def test_stats_summarise_each_class_for_the_status_page(
     assert 0 < batch["p50_ms"] <= batch["p99_ms"]
     assert batch["queued_items"] == 0
     assert classes["realtime"]["requests"] == 0 and classes["realtime"]["p50_ms"] is None
+
+
+async def test_the_status_page_is_self_contained_html_reading_v1_stats(
+    client: httpx.AsyncClient,
+) -> None:
+    page = await client.get("/status")
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    html = page.text
+    assert 'fetch("v1/stats"' in html and "setInterval(refresh, 2000)" in html
+    # Nothing from another origin: it must work where there is no internet.
+    assert "http://" not in html and "https://" not in html
