@@ -111,6 +111,14 @@ INFERENCE = Series(
     MODEL_CLASS,
     SECONDS_BUCKETS,
 )
+# Exact, unlike INFERENCE's `_sum`: its rate is the share of time the model computes,
+# per replica, the figure that says whether another replica would help.
+MODEL_BUSY = Series(
+    "tributary_model_busy_seconds",
+    Kind.COUNTER,
+    "Seconds spent in forward passes; its rate is the model's busy fraction (1 = always).",
+    MODEL_CLASS,
+)
 BATCH_SIZE = Series(
     "tributary_batch_size",
     Kind.HISTOGRAM,
@@ -196,6 +204,7 @@ SERIES: tuple[Series, ...] = (
     REQUEST_LATENCY,
     QUEUE_WAIT,
     INFERENCE,
+    MODEL_BUSY,
     BATCH_SIZE,
     BATCH_ITEMS,
     BATCH_TOKENS,
@@ -303,6 +312,7 @@ class TributaryMetrics:
         self._put(BATCH_ITEMS, size, model=model, priority=priority)
         self._put(BATCH_TOKENS, padded_tokens, model=model, priority=priority)
         self._put(INFERENCE, inference_s, model=model, priority=priority)
+        self._put(MODEL_BUSY, inference_s, model=model, priority=priority)
         for wait in queue_waits_s:
             self._put(QUEUE_WAIT, wait, model=model, priority=priority)
 

@@ -127,8 +127,13 @@ def test_batches_queue_waits_and_queue_depth_per_model_and_class(
 
     def recorded(samples: list[Sample]) -> bool:
         # Batches of 2-text requests: they computed at least the inputs sent.
-        return items(samples) >= 2 * traffic["realtime"] and all(
-            total(samples, h, **replica, priority=p) > 0 for h in histograms for p in traffic
+        busy = total(samples, "ray_tributary_model_busy_seconds_total", **replica)
+        return (
+            busy > 0
+            and items(samples) >= 2 * traffic["realtime"]
+            and all(
+                total(samples, h, **replica, priority=p) > 0 for h in histograms for p in traffic
+            )
         )
 
     samples = wait_for(server, recorded)
@@ -136,6 +141,8 @@ def test_batches_queue_waits_and_queue_depth_per_model_and_class(
         for priority in traffic:
             assert total(samples, histogram, **replica, priority=priority) > 0, histogram
     assert items(samples) >= 2 * traffic["realtime"]
+    busy = total(samples, "ray_tributary_model_busy_seconds_total", **replica)
+    assert 0 < busy < 600  # seconds of forward passes since the server started
     rerank = {"deployment": f"rerank-{RERANK_MODEL}", "model": RERANK_MODEL}
     assert total(samples, "ray_tributary_batch_size_count", **rerank) > 0
     depth = {

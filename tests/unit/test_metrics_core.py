@@ -12,6 +12,7 @@ from deployments.core.metrics import (
     BATCH_TOKENS,
     DROPPED_ITEMS,
     INFERENCE,
+    MODEL_BUSY,
     OUTPUT_TOKENS,
     QUEUE_WAIT,
     REJECTIONS,
@@ -78,6 +79,7 @@ def test_a_batch_records_size_padded_tokens_time_and_one_wait_per_job(
     assert recorder.values(BATCH_ITEMS, **labels) == [3]
     assert recorder.values(BATCH_TOKENS, **labels) == [48]
     assert recorder.values(INFERENCE, **labels) == [0.02]
+    assert recorder.values(MODEL_BUSY, **labels) == [0.02]
     assert recorder.values(QUEUE_WAIT, **labels) == [0.004, 0.001]
     metrics.items_dropped("m", "realtime", "client_gone", 2)
     assert recorder.values(DROPPED_ITEMS, reason="client_gone") == [2]
