@@ -6,7 +6,9 @@ decides the final status from how the method ended (an answer, a TributaryError,
 cancel when the client left) and hands the record to the `RequestObserver`, which feeds
 Prometheus (through core.metrics) and the recent-requests window of `GET /v1/stats`.
 A context variable carries the record so that helpers deep in the call need no extra
-parameter.
+parameter. A streaming answer is recorded when the method returns its response, before
+the stream ends; its token timings belong to `TributaryMetrics.first_token` and
+`inter_token`, recorded where the tokens are made.
 """
 
 from __future__ import annotations
