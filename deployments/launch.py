@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -74,6 +75,12 @@ def main(argv: list[str]) -> None:
     args, serve_args = parser.parse_known_args(argv)
     if not Path(args.config).is_file():
         parser.error(f"no such Serve config: {args.config}")
+    if args.metrics_port and not _port_is_free(args.metrics_port):
+        # Ray would otherwise fail 30 s later with "the node timed out during startup".
+        parser.error(
+            f"port {args.metrics_port} for Ray's metrics is in use (another `make serve`?); "
+            "pick another with METRICS_PORT=... (make) or --metrics-port, 0 for any"
+        )
     for key, value in {**BASE_ENVIRONMENT, **SERVE_MODES[args.mode]}.items():
         os.environ.setdefault(key, value)
     # A shell starts background jobs with SIGINT ignored, and Python keeps an ignored
@@ -90,6 +97,15 @@ def main(argv: list[str]) -> None:
     # "serve": the namespace `serve run` itself would have joined.
     ray.init(address=address, namespace="serve", **(port if address == "local" else {}))
     serve_cli.main(["run", args.config, *serve_args], prog_name="serve")
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", port))
+        except OSError:
+            return False
+    return True
 
 
 if __name__ == "__main__":
