@@ -5,10 +5,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.install-stamp
 # The CPU build of torch, installed before anything can pull a CUDA build in.
 TORCH_SPEC ?= torch==2.13.0
+# Ray's Prometheus endpoint for `make serve`: http://127.0.0.1:$(METRICS_PORT)/metrics
+METRICS_PORT ?= 8080
 export RAY_USAGE_STATS_ENABLED := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install serve test lint bench clean
+.PHONY: install browser serve test lint bench clean
 
 install: $(STAMP)
 
@@ -20,13 +22,18 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 serve: install
-	$(BIN)/python -m deployments.launch serve_config.yaml
+	$(BIN)/python -m deployments.launch --metrics-port $(METRICS_PORT) serve_config.yaml
 
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint
+# The /status page's serve test drives a real headless browser: Debian's chromium.
+browser:
+	@command -v chromium >/dev/null || \
+		{ apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; }
+
+test: lint browser
 	$(BIN)/python -m pytest
 
 bench: install

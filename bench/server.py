@@ -36,10 +36,16 @@ class Server:
     process: subprocess.Popen
     log: Path
     config_path: Path
+    metrics_port: int = 0
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Ray's Prometheus endpoint of this server's own Ray instance."""
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def dashboard_url(self) -> str:
         """The Ray dashboard of this server's own Ray instance (what `serve deploy` talks
@@ -63,6 +69,7 @@ def running_server(
     """Serves `config` on a free port; on exit stops it like Ctrl-C and raises if any
     process it started outlives that."""
     config = {**config, "http_options": {**config.get("http_options", {}), "port": free_port()}}
+    metrics_port = free_port()  # never 8080: a `make serve` may be running beside us
     config_path = workdir / "serve_config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     log = workdir / "serve.log"
@@ -73,6 +80,7 @@ def running_server(
                 "-m",
                 "deployments.launch",
                 *(["--mode", mode] if mode else []),
+                f"--metrics-port={metrics_port}",
                 str(config_path),
             ],
             cwd=ROOT,
@@ -80,7 +88,7 @@ def running_server(
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own group: a last-resort kill hits only it
         )
-    server = Server(config["http_options"]["port"], process, log, config_path)
+    server = Server(config["http_options"]["port"], process, log, config_path, metrics_port)
     try:
         wait_until_healthy(server, startup_timeout_s)
         yield server

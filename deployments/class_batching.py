@@ -28,13 +28,15 @@ from deployments.config import ModelBatching
 from deployments.core.batch_budget import BatchBudget, budget_size
 from deployments.core.priority import ALL_PRIORITIES, Priority
 from deployments.core.priority_gate import PriorityGate
-from deployments.embedding_worker import Dropped, JobState, split_live
+from deployments.embedding_worker import EXPIRED, Dropped, JobState, split_live
+from deployments.metrics import build_metrics
 
 Outcome = TypeVar("Outcome")
 
 
 class ClassBatching:
     _executor: ThreadPoolExecutor
+    config: Any  # the subclass's model config; its `name` labels the metrics
 
     def _init_batching(self, torch_threads: int, batching: ModelBatching) -> int:
         """Sets up the model thread, the class queues and the gate; returns the model
@@ -57,6 +59,7 @@ class ClassBatching:
         self._counts = {"batches": 0, "items": 0, "expired_items": 0, "client_gone_items": 0}
         self._class_counts = {p: {"batches": 0, "items": 0} for p in ALL_PRIORITIES}
         self._recent_drops: deque[dict[str, str]] = deque(maxlen=256)
+        self.metrics = build_metrics()
         return threads
 
     def _compute(self, items: list[Any]) -> Sequence[Any]:
@@ -154,13 +157,15 @@ class ClassBatching:
             # One loop turn first: a cancel or a forget note that arrived during the last
             # forward pass is queued on this loop, and must land before we decide.
             await asyncio.sleep(0)
-            live, marks = split_live(items, time.monotonic())
-            self._note_drops(marks, items)
+            started = time.monotonic()
+            live, marks = split_live(items, started)
+            self._note_drops(priority, marks, items)
             results: list[Any] = []
             if live:
                 loop = asyncio.get_running_loop()
                 results = list(await loop.run_in_executor(self._executor, self._compute, live))
                 self._count(priority, len(live))
+                self._measure(priority, live, started)
         computed = iter(results)
         return [mark if mark is not None else next(computed) for mark in marks]
 
@@ -170,17 +175,36 @@ class ClassBatching:
         self._class_counts[priority]["batches"] += 1
         self._class_counts[priority]["items"] += items
 
-    def _note_drops(self, marks: list[Dropped | None], items: list[Any]) -> None:
+    def _measure(self, priority: Priority, live: list[Any], started: float) -> None:
+        # Queue wait once per job in the batch: its items arrived together.
+        arrivals = {id(item.state): item.state.arrived for item in live}
+        self.metrics.batch_ran(
+            self.config.name,
+            priority.label,
+            size=len(live),
+            padded_tokens=len(live) * max(item.tokens for item in live),
+            inference_s=time.monotonic() - started,
+            queue_waits_s=[started - arrived for arrived in arrivals.values()],
+        )
+
+    def _note_drops(
+        self, priority: Priority, marks: list[Dropped | None], items: list[Any]
+    ) -> None:
         noted: set[int] = set()
+        dropped: dict[str, int] = {}
         for mark, item in zip(marks, items, strict=True):
             if mark is None:
                 continue
             self._counts[f"{mark.reason}_items"] += 1
+            dropped[mark.reason] = dropped.get(mark.reason, 0) + 1
             if id(item.state) not in noted:
                 noted.add(id(item.state))
                 self._recent_drops.append(
                     {"request_id": item.state.request_id, "reason": mark.reason}
                 )
+        for reason, count in dropped.items():
+            label = "deadline" if reason == EXPIRED else reason
+            self.metrics.items_dropped(self.config.name, priority.label, label, count)
 
     # One queue per class, each with its own size, wait and token budget (reconfigure
     # sets them); a class's batch size is measured by its items' budget.

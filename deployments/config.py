@@ -122,6 +122,12 @@ class ModelDeploymentConfig(StrictModel):
     """What every model deployment has, whatever its task."""
 
     name: str = Field(..., min_length=1, description="The `model` name clients send.")
+    version: str = Field(
+        "1",
+        min_length=1,
+        description="Which weights or settings serve this name; a label on the request "
+        "metrics, so a new version can be told from the old one on a dashboard.",
+    )
     torch_threads: int = Field(
         0, ge=0, description="Intra-op threads for the forward pass; 0 = the actor's num_cpus."
     )

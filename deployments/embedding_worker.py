@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,8 @@ class JobState:
     request_id: str
     deadline: float | None  # time.monotonic() clock of this process
     cancelled: bool = False
+    # When the job reached this replica: its items' queue wait is measured from here.
+    arrived: float = field(default_factory=time.monotonic)
 
     def drop_reason(self, now: float) -> str | None:
         # Expiry first: the ingress also cancels a call whose only job ran out of time.

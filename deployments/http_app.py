@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -112,6 +113,13 @@ def build_http_app(ingress: Ingress) -> FastAPI:
     @app.get("/v1/stats")
     async def stats() -> Response:
         return json_response(await ingress.stats())
+
+    status_page = resources.files("deployments").joinpath("static/status.html").read_bytes()
+
+    @app.get("/status", include_in_schema=False)
+    async def status() -> Response:
+        # A live view of /v1/stats for humans; the page fetches it every 2 s.
+        return Response(status_page, media_type="text/html; charset=utf-8")
 
     return app
 

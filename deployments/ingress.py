@@ -20,7 +20,8 @@ from deployments.core.access import AccessDenied, Tenant, estimate_tokens
 from deployments.core.class_queues import Refused, loop_deadline
 from deployments.core.coalescer import DeadlineExpired
 from deployments.core.jobs import EmbedJob, EmbedRejection
-from deployments.core.priority import Priority
+from deployments.core.metrics import TributaryMetrics
+from deployments.core.priority import ALL_PRIORITIES, Priority
 from deployments.errors import (
     DeadlineExceeded,
     Forbidden,
@@ -35,7 +36,9 @@ from deployments.errors import (
     Unauthorized,
 )
 from deployments.http_app import build_http_app
+from deployments.metrics import build_metrics
 from deployments.model_client import ModelClient
+from deployments.observe import RequestObserver, note_request, observed
 from deployments.readiness import serve_readiness
 from deployments.request_meta import RequestMeta, choose_priority, read_meta
 from deployments.rerank_api import rerank_job, rerank_response, rerank_token_estimate
@@ -63,8 +66,10 @@ class Ingress:
         embedders: dict[str, Any],  # model name -> DeploymentHandle of its Embedder
         readiness: ReadinessCheck | None = None,
         rerankers: dict[str, Any] | None = None,  # model name -> handle of its Reranker
+        metrics: TributaryMetrics | None = None,  # None: Ray's, inside a Ray worker
     ) -> None:
         self.config = AppConfig.model_validate(config)
+        self.observer = RequestObserver(metrics or build_metrics())
         self._models: dict[str, EmbeddingModelConfig] = {
             m.name: m for m in self.config.embedding_models
         }
@@ -122,6 +127,7 @@ class Ingress:
     def read_meta(self, headers: Mapping[str, str]) -> RequestMeta:
         return read_meta(headers, self.config.ingress.admission.max_timeout_s)
 
+    @observed
     async def embed(self, body: bytes, meta: RequestMeta, tenant: Tenant | None) -> Answer:
         request = parse_embedding_request(body)
         model = self._models.get(request.model)
@@ -130,6 +136,7 @@ class Ingress:
                 f"The model '{request.model}' does not exist; GET /v1/models lists them.",
                 param="model",
             )
+        note_request(model=model.name, version=model.version)
         self._guard(lambda: self.access.authorize(tenant, model.name))
         asked = choose_priority(meta.priority, request.priority)
         priority = asked if tenant is None else asked.capped_at(tenant.tier)
@@ -137,6 +144,7 @@ class Ingress:
         outcome = await self._run(model.name, priority, job, _token_estimate(job), meta, tenant)
         return Answer(embedding_response(outcome, request), {"X-Priority": priority.label})
 
+    @observed
     async def rerank(
         self, body: bytes, meta: RequestMeta, tenant: Tenant | None, dialect: Dialect
     ) -> Answer:
@@ -153,6 +161,7 @@ class Ingress:
                 "(task: rerank).",
                 param="model",
             )
+        note_request(model=model.name, version=model.version)
         self._guard(lambda: self.access.authorize(tenant, model.name))
         asked = choose_priority(meta.priority, query.priority)
         priority = asked if tenant is None else asked.capped_at(tenant.tier)
@@ -173,6 +182,7 @@ class Ingress:
     ) -> Any:
         """Charge the tenant, queue the job, wait for its outcome; the tenant pays for the
         tokens the model counted, none for a job that failed."""
+        note_request(priority=priority.label, items=len(job))
         self._guard(lambda: self.access.charge(tenant, estimate))
         admission = self.config.ingress.admission.of(priority.label)  # type: ignore[arg-type]
         timeout_s = meta.timeout_s if meta.timeout_s is not None else admission.timeout_s
@@ -187,8 +197,10 @@ class Ingress:
         return outcome
 
     async def _submit(self, model: str, priority: Priority, job: Any, timeout_s: float) -> Any:
+        queues = self._clients[model].queues
         try:
-            return await self._clients[model].queues.submit(priority, job, loop_deadline(timeout_s))
+            self._report_depth(model, priority)
+            return await queues.submit(priority, job, loop_deadline(timeout_s))
         except Refused as exc:
             refusal = exc.refusal
             verb = "is shedding" if refusal.reason == "shed" else "has a full queue for"
@@ -205,6 +217,13 @@ class Ingress:
                 f"No answer within the request's deadline of {timeout_s:g} s "
                 "(X-Request-Timeout or the class default)."
             ) from None
+        finally:
+            # Set as requests come and go: no timer to run, and fresh whenever it moves.
+            self._report_depth(model, priority)
+
+    def _report_depth(self, model: str, priority: Priority) -> None:
+        depth = self._clients[model].queues.queued_items()[priority]
+        self.observer.metrics.queue_depth(model, priority.label, depth)
 
     def authenticate(self, meta: RequestMeta) -> Tenant | None:
         tenant: Tenant | None = None
@@ -229,11 +248,31 @@ class Ingress:
         # Every model replica at once: a poller's answer should not wait for each in turn.
         names = list(self._clients)
         replicas = await asyncio.gather(*(self._clients[name].info() for name in names))
-        models = {
-            name: {"ingress": self._clients[name].queues.stats(), "replica": replica}
-            for name, replica in zip(names, replicas, strict=True)
-        }
+        models: dict[str, Any] = {}
+        for name, replica in zip(names, replicas, strict=True):
+            ingress = self._clients[name].queues.stats()
+            models[name] = {
+                "classes": self._class_summary(name, ingress, replica),
+                "ingress": ingress,
+                "replica": replica,
+            }
         return {"models": models, "access_denied": dict(self._denied)}
+
+    def _class_summary(
+        self, model: str, ingress: dict[str, Any], replica: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Per class, the figures the /status page shows: queue depth here, mean batch
+        size at the replica, recent throughput and latency of this ingress replica."""
+        return {
+            p.label: {
+                "queued_items": ingress["classes"][p.label]["queued_items"],
+                "mean_batch_size": round(
+                    replica.get("classes", {}).get(p.label, {}).get("mean_batch_size", 0.0), 2
+                ),
+                **self.observer.recent(model, p.label),
+            }
+            for p in ALL_PRIORITIES
+        }
 
 
 def _access_error(exc: AccessDenied) -> TributaryError:

@@ -6,7 +6,14 @@ place before Ray starts (the Serve controller and every replica inherit them), t
 over to `serve run`. Ctrl-C makes `serve run` shut Serve down, and the Ray instance it
 started goes with it.
 
-    python -m deployments.launch [--mode throughput|haproxy|proxy] [serve_config.yaml]
+Ray is started here, in this process, rather than by `serve run`: only `ray.init` can fix
+the port of Ray's Prometheus endpoint (`--metrics-port`, default 8080), where Ray's,
+Serve's and Tributary's series are served as `http://127.0.0.1:<port>/metrics`. `serve
+run` then finds Ray initialised and uses it, so what follows is unchanged: Ctrl-C is its
+KeyboardInterrupt, it shuts Serve down, and the exit shuts down the Ray it runs in.
+
+    python -m deployments.launch [--mode throughput|haproxy|proxy] [--metrics-port N]
+                                 [serve_config.yaml]
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -51,6 +59,7 @@ SERVE_MODES: dict[str, dict[str, str]] = {
     },
 }
 DEFAULT_MODE = "throughput"
+DEFAULT_METRICS_PORT = 8080
 
 # Serve starts HAProxy through this wrapper, which turns kernel splicing off: with it on,
 # HAProxy often misses a client that closes while waiting for its answer, so nothing
@@ -73,20 +82,50 @@ def haproxy_environment() -> dict[str, str]:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=sorted(SERVE_MODES), default=DEFAULT_MODE)
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=DEFAULT_METRICS_PORT,
+        help="Ray's Prometheus endpoint (/metrics) on this port; 0 lets Ray pick one.",
+    )
     parser.add_argument("config", nargs="?", default="serve_config.yaml")
     args, serve_args = parser.parse_known_args(argv)
     if not Path(args.config).is_file():
         parser.error(f"no such Serve config: {args.config}")
+    if args.metrics_port and not _port_is_free(args.metrics_port):
+        # Ray would otherwise fail 30 s later with "the node timed out during startup".
+        parser.error(
+            f"port {args.metrics_port} for Ray's metrics is in use (another `make serve`?); "
+            "pick another with METRICS_PORT=... (make) or --metrics-port, 0 for any"
+        )
     environment = {**BASE_ENVIRONMENT, **SERVE_MODES[args.mode]}
     if environment.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
         environment.update(haproxy_environment())
     for key, value in environment.items():
         os.environ.setdefault(key, value)
     # A shell starts background jobs with SIGINT ignored, and Python keeps an ignored
-    # SIGINT ignored; restore the default so `serve run` turns SIGINT into a clean stop.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    serve = Path(sys.executable).with_name("serve")
-    os.execv(serve, [str(serve), "run", args.config, *serve_args])
+    # SIGINT ignored; restore Python's handler so `serve run` sees KeyboardInterrupt and
+    # turns SIGINT into a clean stop.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Imported only now: Ray reads some of the variables above when it is imported.
+    import ray
+    from ray.serve.scripts import cli as serve_cli
+
+    address = os.environ["RAY_ADDRESS"]
+    port = {"_metrics_export_port": args.metrics_port} if args.metrics_port else {}
+    # Only a Ray we start takes a metrics port; an existing cluster has its own.
+    # "serve": the namespace `serve run` itself would have joined.
+    ray.init(address=address, namespace="serve", **(port if address == "local" else {}))
+    serve_cli.main(["run", args.config, *serve_args], prog_name="serve")
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", port))
+        except OSError:
+            return False
+    return True
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from deployments.core.jobs import EmbedJob, EmbedOutcome, EmbedRejection, EmbedResult
+from deployments.core.metrics import MemoryRecorder, TributaryMetrics
 from deployments.ingress import Ingress
 
 DIM = 8
@@ -109,6 +110,7 @@ class Harness:
     def __init__(self, config: dict | None = None) -> None:
         self.embedder = FakeEmbedder()
         self.problem: str | None = None
+        self.recorder = MemoryRecorder()  # what the ingress would export to Prometheus
 
         async def readiness() -> str | None:
             return self.problem
@@ -116,7 +118,9 @@ class Harness:
         config = config or CONFIG
         # Every configured model is served by the same fake.
         handles = {model["name"]: self.embedder for model in config["embedding_models"]}
-        self.ingress = Ingress(config, handles, readiness=readiness)
+        self.ingress = Ingress(
+            config, handles, readiness=readiness, metrics=TributaryMetrics(self.recorder)
+        )
         self.app = self.ingress.__serve_build_asgi_app__()
 
 

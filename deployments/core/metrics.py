@@ -1,0 +1,337 @@
+"""What Tributary measures, and the narrow interface it measures through.
+
+Every series is declared once in `SERIES` (name, kind, labels, buckets). Code records
+through `TributaryMetrics`, whose methods name what happened ("a batch ran", "a request
+finished"); it hands values to a `Recorder`, which is the only part that knows where
+they go. `deployments/metrics.py` is the Recorder onto `ray.serve.metrics` (exported to
+Prometheus as `ray_<name>`, counters with `_total`); tests use `MemoryRecorder`. Keeping
+Ray out of this module lets core/ and its tests run without it, and lets the dashboard
+test derive the exported names from these declarations.
+
+Label values are bounded sets: model names from the config, priority classes, HTTP
+statuses and the reasons below. A request refused before its model was known (bad JSON,
+unknown model) is labelled `model="unknown"`, never with the name a client sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
+
+
+class Kind(Enum):
+    COUNTER = "counter"
+    HISTOGRAM = "histogram"
+    GAUGE = "gauge"
+
+
+# Seconds, from a 1 ms realtime batch to a minute-long queue of batch-class work.
+SECONDS_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+# Items per batch: powers of two up to the largest max_batch_size worth configuring.
+SIZE_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0)
+# Padded tokens per batch (rows x longest row), the quantity max_batch_tokens caps.
+TOKEN_BUCKETS = tuple(float(2**n) for n in range(4, 17))
+
+UNKNOWN = "unknown"
+
+# Rejection reasons (`tributary_rejections`): why a request was answered without a result.
+RATE_LIMIT = "rate_limit"
+SHED = "shed"
+QUEUE_FULL = "queue_full"
+DEADLINE = "deadline"
+CLIENT_GONE = "client_gone"
+# A client that leaves gets no answer; 499 is the status proxies log for that.
+CLIENT_GONE_STATUS = 499
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    kind: Kind
+    description: str
+    labels: tuple[str, ...]
+    buckets: tuple[float, ...] = ()
+
+    def exported_names(self, prefix: str = "ray_") -> set[str]:
+        """The names Prometheus sees: Ray adds `ray_`; a counter is `_total`, a histogram
+        is `_bucket`, `_sum` and `_count`."""
+        base = prefix + self.name
+        if self.kind is Kind.COUNTER:
+            return {base + "_total"}
+        if self.kind is Kind.HISTOGRAM:
+            return {base + suffix for suffix in ("_bucket", "_sum", "_count")}
+        return {base}
+
+
+MODEL_CLASS = ("model", "priority")
+
+REQUESTS = Series(
+    "tributary_requests",
+    Kind.COUNTER,
+    "Finished API requests by model, model version, priority class and HTTP status.",
+    ("model", "model_version", "priority", "status"),
+)
+REQUEST_LATENCY = Series(
+    "tributary_request_latency_seconds",
+    Kind.HISTOGRAM,
+    "Time at the ingress from a parsed request to its answer, answered requests only.",
+    MODEL_CLASS,
+    SECONDS_BUCKETS,
+)
+QUEUE_WAIT = Series(
+    "tributary_queue_wait_seconds",
+    Kind.HISTOGRAM,
+    "Time a request's inputs waited in the model replica (batch queue and priority gate) "
+    "before their forward pass; one observation per request and batch.",
+    MODEL_CLASS,
+    SECONDS_BUCKETS,
+)
+INFERENCE = Series(
+    "tributary_inference_seconds",
+    Kind.HISTOGRAM,
+    "Duration of one forward pass over a batch.",
+    MODEL_CLASS,
+    SECONDS_BUCKETS,
+)
+# Exact, unlike INFERENCE's `_sum`: its rate is the share of time the model computes,
+# per replica, the figure that says whether another replica would help.
+MODEL_BUSY = Series(
+    "tributary_model_busy_seconds",
+    Kind.COUNTER,
+    "Seconds spent in forward passes; its rate is the model's busy fraction (1 = always).",
+    MODEL_CLASS,
+)
+BATCH_SIZE = Series(
+    "tributary_batch_size",
+    Kind.HISTOGRAM,
+    "Inputs computed in one forward pass (after dropping expired ones).",
+    MODEL_CLASS,
+    SIZE_BUCKETS,
+)
+# Ray exports a histogram's `_sum` approximated from its bucket midpoints (its buckets
+# and `_count` are exact), so a mean batch size needs this exact count of inputs.
+BATCH_ITEMS = Series(
+    "tributary_batch_items",
+    Kind.COUNTER,
+    "Inputs computed in forward passes; over tributary_batch_size_count, the mean batch size.",
+    MODEL_CLASS,
+)
+BATCH_TOKENS = Series(
+    "tributary_batch_tokens",
+    Kind.HISTOGRAM,
+    "Padded tokens of one forward pass: rows times the longest row.",
+    MODEL_CLASS,
+    TOKEN_BUCKETS,
+)
+QUEUE_DEPTH = Series(
+    "tributary_queue_depth",
+    Kind.GAUGE,
+    "Inputs waiting at the ingress replica to be sent to the model, per class.",
+    MODEL_CLASS,
+)
+REJECTIONS = Series(
+    "tributary_rejections",
+    Kind.COUNTER,
+    "Requests answered without a result, by reason: rate_limit, shed, queue_full, "
+    "deadline, client_gone.",
+    (*MODEL_CLASS, "reason"),
+)
+DROPPED_ITEMS = Series(
+    "tributary_dropped_items",
+    Kind.COUNTER,
+    "Inputs a model replica dropped just before their forward pass: deadline or client_gone.",
+    (*MODEL_CLASS, "reason"),
+)
+CACHE_LOOKUPS = Series(
+    "tributary_cache_lookups",
+    Kind.COUNTER,
+    "Result-cache lookups by result (hit, miss); recorded once a deployment has a cache.",
+    ("model", "result"),
+)
+TIME_TO_FIRST_TOKEN = Series(
+    "tributary_time_to_first_token_seconds",
+    Kind.HISTOGRAM,
+    "Generation: from a request's arrival at the model to its first output token.",
+    MODEL_CLASS,
+    SECONDS_BUCKETS,
+)
+INTER_TOKEN_LATENCY = Series(
+    "tributary_inter_token_latency_seconds",
+    Kind.HISTOGRAM,
+    "Generation: time between consecutive output tokens of one sequence.",
+    ("model",),
+    SECONDS_BUCKETS,
+)
+RUNNING_SEQUENCES = Series(
+    "tributary_running_sequences",
+    Kind.GAUGE,
+    "Generation: sequences in the engine's running batch.",
+    ("model",),
+)
+WAITING_SEQUENCES = Series(
+    "tributary_waiting_sequences",
+    Kind.GAUGE,
+    "Generation: sequences admitted but waiting for a slot in the running batch.",
+    ("model",),
+)
+OUTPUT_TOKENS = Series(
+    "tributary_output_tokens",
+    Kind.COUNTER,
+    "Generation: tokens generated.",
+    MODEL_CLASS,
+)
+
+SERIES: tuple[Series, ...] = (
+    REQUESTS,
+    REQUEST_LATENCY,
+    QUEUE_WAIT,
+    INFERENCE,
+    MODEL_BUSY,
+    BATCH_SIZE,
+    BATCH_ITEMS,
+    BATCH_TOKENS,
+    QUEUE_DEPTH,
+    REJECTIONS,
+    DROPPED_ITEMS,
+    CACHE_LOOKUPS,
+    TIME_TO_FIRST_TOKEN,
+    INTER_TOKEN_LATENCY,
+    RUNNING_SEQUENCES,
+    WAITING_SEQUENCES,
+    OUTPUT_TOKENS,
+)
+
+
+class Recorder(Protocol):
+    """Where values go. `labels` always has exactly the series' label names."""
+
+    def record(self, series: Series, value: float, labels: Mapping[str, str]) -> None:
+        """Counter: add `value`; histogram: observe it; gauge: set it."""
+        ...
+
+
+class NullRecorder:
+    def record(self, series: Series, value: float, labels: Mapping[str, str]) -> None:
+        return None
+
+
+@dataclass
+class MemoryRecorder:
+    """Keeps every record, for tests: `values(series, **labels)` lists what matched."""
+
+    records: list[tuple[Series, float, dict[str, str]]] = field(default_factory=list)
+
+    def record(self, series: Series, value: float, labels: Mapping[str, str]) -> None:
+        self.records.append((series, value, dict(labels)))
+
+    def values(self, series: Series, **labels: str) -> list[float]:
+        return [
+            value
+            for s, value, got in self.records
+            if s is series and all(got.get(k) == v for k, v in labels.items())
+        ]
+
+
+def rejection_reason(status: int, code: str | None) -> str | None:
+    """Why a request got no result, from its final status and error code; None when it
+    got one or failed for another reason (bad input, a model error)."""
+    if status == CLIENT_GONE_STATUS:
+        return CLIENT_GONE
+    if status == 504:
+        return DEADLINE
+    if code == "rate_limit_exceeded":
+        return RATE_LIMIT
+    if code == "load_shed":
+        return SHED
+    if code == "queue_full":
+        return QUEUE_FULL
+    return None
+
+
+class TributaryMetrics:
+    """Named events onto the declared series. Cheap enough to call per request and per
+    batch; never raises on the request path's behalf (a Recorder's own errors aside)."""
+
+    def __init__(self, recorder: Recorder | None = None) -> None:
+        self.recorder: Recorder = recorder or NullRecorder()
+
+    def _put(self, series: Series, value: float, **labels: str) -> None:
+        self.recorder.record(series, value, labels)
+
+    # Ingress: one call per finished request, and the queues it went through.
+    def request_finished(
+        self,
+        model: str,
+        version: str,
+        priority: str,
+        status: int,
+        code: str | None,
+        latency_s: float,
+    ) -> None:
+        self._put(
+            REQUESTS, 1, model=model, model_version=version, priority=priority, status=str(status)
+        )
+        if status < 400:
+            self._put(REQUEST_LATENCY, latency_s, model=model, priority=priority)
+        reason = rejection_reason(status, code)
+        if reason is not None:
+            self._put(REJECTIONS, 1, model=model, priority=priority, reason=reason)
+
+    def queue_depth(self, model: str, priority: str, items: int) -> None:
+        self._put(QUEUE_DEPTH, items, model=model, priority=priority)
+
+    # Model replica: one call per forward pass, and per input dropped before one.
+    def batch_ran(
+        self,
+        model: str,
+        priority: str,
+        size: int,
+        padded_tokens: int,
+        inference_s: float,
+        queue_waits_s: list[float],
+    ) -> None:
+        self._put(BATCH_SIZE, size, model=model, priority=priority)
+        self._put(BATCH_ITEMS, size, model=model, priority=priority)
+        self._put(BATCH_TOKENS, padded_tokens, model=model, priority=priority)
+        self._put(INFERENCE, inference_s, model=model, priority=priority)
+        self._put(MODEL_BUSY, inference_s, model=model, priority=priority)
+        for wait in queue_waits_s:
+            self._put(QUEUE_WAIT, wait, model=model, priority=priority)
+
+    def items_dropped(self, model: str, priority: str, reason: str, count: int) -> None:
+        self._put(DROPPED_ITEMS, count, model=model, priority=priority, reason=reason)
+
+    def cache_lookup(self, model: str, hit: bool) -> None:
+        self._put(CACHE_LOOKUPS, 1, model=model, result="hit" if hit else "miss")
+
+    # Generation (the LLM deployment).
+    def first_token(self, model: str, priority: str, seconds: float) -> None:
+        self._put(TIME_TO_FIRST_TOKEN, seconds, model=model, priority=priority)
+
+    def inter_token(self, model: str, seconds: float) -> None:
+        self._put(INTER_TOKEN_LATENCY, seconds, model=model)
+
+    def sequences(self, model: str, running: int, waiting: int) -> None:
+        self._put(RUNNING_SEQUENCES, running, model=model)
+        self._put(WAITING_SEQUENCES, waiting, model=model)
+
+    def output_tokens(self, model: str, priority: str, tokens: int) -> None:
+        self._put(OUTPUT_TOKENS, tokens, model=model, priority=priority)

@@ -1,0 +1,109 @@
+"""The /status page in a real headless browser (Debian's chromium) against the live
+server: its script fetched /v1/stats and rendered the live figures into the table."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import httpx
+
+from tests.serve.conftest import AUTH, MODEL, Server
+
+CHROMIUM = "/usr/bin/chromium"  # `make test` installs it when it is missing
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    # Virtual time runs the page's timers and waits for its fetches, then the DOM is
+    # dumped: enough for the first render and a refresh.
+    "--virtual-time-budget=5000",
+    "--dump-dom",
+]
+
+
+class Rows(HTMLParser):
+    """Cells of the status table by (model, class): {column class: text}."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[tuple[str, str], dict[str, str]] = {}
+        self.state = ""
+        self._row: dict[str, str] | None = None
+        self._cell: str | None = None
+        self._in_state = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        if tag == "tr" and found.get("data-model"):
+            self._row = self.rows[(found["data-model"] or "", found["data-class"] or "")] = {}
+        elif tag == "td" and self._row is not None:
+            self._cell = found.get("class") or ""
+        self._in_state = tag == "p" and found.get("id") == "state"
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "tr":
+            self._row = None
+        self._cell = None
+        self._in_state = False
+
+    def handle_data(self, data: str) -> None:
+        if self._row is not None and self._cell:
+            self._row[self._cell] = data
+        if self._in_state:
+            self.state += data
+
+
+def render(url: str, profile: Path) -> str:
+    assert shutil.which(CHROMIUM), f"{CHROMIUM} is missing: `make test` installs it"
+    command = [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", url]
+    browser = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,  # its helpers too go on a timeout
+    )
+    try:
+        out, _ = browser.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(browser.pid, signal.SIGKILL)
+        browser.communicate()
+        raise
+    assert browser.returncode == 0, out[-2000:]
+    return out
+
+
+def test_the_status_page_renders_live_figures_in_a_browser(server: Server, tmp_path: Path) -> None:
+    for _ in range(3):
+        response = httpx.post(
+            f"{server.url}/v1/embeddings",
+            json={"model": MODEL, "input": ["status page check", "second text"]},
+            headers={**AUTH, "X-Priority": "batch"},
+            timeout=60,
+        )
+        assert response.status_code == 200
+    served = httpx.get(f"{server.url}/v1/stats", timeout=30).json()
+    sent = served["models"][MODEL]["classes"]["batch"]["requests"]
+    assert sent >= 3
+
+    rows = Rows()
+    rows.feed(render(f"{server.url}/status", tmp_path / "profile"))
+
+    assert rows.state.startswith("updated"), rows.state
+    batch = rows.rows[(MODEL, "batch")]
+    # The page shows the server's own count (at least what we had seen just before).
+    assert int(batch["requests"]) >= sent
+    assert float(batch["p50_ms"]) > 0 and float(batch["p99_ms"]) >= float(batch["p50_ms"])
+    assert float(batch["mean_batch_size"]) >= 1
+    # Every configured model and class has its row.
+    assert {(MODEL, c) for c in ("realtime", "normal", "batch")} <= set(rows.rows)

@@ -1,0 +1,80 @@
+"""What a model replica records per forward pass (ClassBatching._forward), with a fake
+model: no Ray running, the metrics go to a memory recorder."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from deployments.class_batching import ClassBatching
+from deployments.config import ModelBatching
+from deployments.core.batch_budget import BatchBudget
+from deployments.core.metrics import (
+    BATCH_ITEMS,
+    BATCH_SIZE,
+    BATCH_TOKENS,
+    DROPPED_ITEMS,
+    INFERENCE,
+    MODEL_BUSY,
+    QUEUE_WAIT,
+    MemoryRecorder,
+    TributaryMetrics,
+)
+from deployments.core.priority import Priority
+from deployments.embedding_worker import Item, JobState
+
+
+class Config:
+    name = "fake-model"
+
+
+class FakeModel(ClassBatching):
+    def __init__(self) -> None:
+        self.config = Config()
+        self._init_batching(1, ModelBatching())
+        self.recorder = MemoryRecorder()
+        self.metrics = TributaryMetrics(self.recorder)
+
+    def _compute(self, items: list[Any]) -> list[int]:
+        time.sleep(0.01)  # a forward pass takes time
+        return [len(item.ids) for item in items]
+
+
+async def test_a_pass_records_its_live_inputs_and_the_dropped_ones_by_reason() -> None:
+    model = FakeModel()
+    budget = BatchBudget(64, 4096)
+    now = time.monotonic()
+    first = JobState("r1", deadline=None, arrived=now - 0.2)
+    second = JobState("r2", deadline=None, arrived=now - 0.1)
+    expired = JobState("r3", deadline=now - 1)
+    gone = JobState("r4", deadline=None, cancelled=True)
+    items = [
+        Item([1, 2, 3], budget, first),
+        Item([1], budget, first),
+        Item([1, 2], budget, second),
+        Item([1, 2], budget, expired),
+        Item([1, 2], budget, expired),
+        Item([1], budget, gone),
+    ]
+    results = await model._forward(Priority.NORMAL, items)
+    assert results[:3] == [3, 1, 2]
+
+    labels = {"model": "fake-model", "priority": "normal"}
+    recorder = model.recorder
+    assert recorder.values(BATCH_SIZE, **labels) == [3]
+    assert recorder.values(BATCH_ITEMS, **labels) == [3]
+    assert recorder.values(BATCH_TOKENS, **labels) == [9]  # 3 rows x the longest, 3
+    (inference,) = recorder.values(INFERENCE, **labels)
+    assert 0.01 <= inference < 5 and recorder.values(MODEL_BUSY, **labels) == [inference]
+    waits = sorted(recorder.values(QUEUE_WAIT, **labels))  # one per live job
+    assert len(waits) == 2 and 0.1 <= waits[0] < waits[1] < 5
+    assert recorder.values(DROPPED_ITEMS, reason="deadline", **labels) == [2]
+    assert recorder.values(DROPPED_ITEMS, reason="client_gone", **labels) == [1]
+
+
+async def test_a_pass_with_nothing_live_records_no_batch() -> None:
+    model = FakeModel()
+    state = JobState("r1", deadline=time.monotonic() - 1)
+    await model._forward(Priority.BATCH, [Item([1], BatchBudget(8, 64), state)])
+    assert model.recorder.values(BATCH_SIZE) == []
+    assert model.recorder.values(DROPPED_ITEMS, priority="batch", reason="deadline") == [1]
