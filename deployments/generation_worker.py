@@ -12,6 +12,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
 from typing import Any, Protocol
 
 from deployments.backends.continuous import EngineOutput, OnOutput
@@ -96,8 +97,11 @@ class GenerationWorker:
             yield _deadline_passed(time_left_s)
             return
         try:
-            async for event in self._stream(job, prompt, deadline, time_left_s):
-                yield event
+            # aclosing: when our caller closes us, the inner stream must run its cleanup
+            # (cancel the sequence) now, not whenever it is garbage-collected.
+            async with aclosing(self._stream(job, prompt, deadline, time_left_s)) as events:
+                async for event in events:
+                    yield event
         finally:
             self.slots.release(slot)
 

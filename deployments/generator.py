@@ -18,6 +18,7 @@ import os
 import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -112,8 +113,9 @@ class Generator:
     async def generate(
         self, priority: str, job: GenerationJob, time_left_s: float | None
     ) -> AsyncIterator[Event]:
-        async for event in self.worker.run(Priority.parse(priority), job, time_left_s):
-            yield event
+        async with aclosing(self.worker.run(Priority.parse(priority), job, time_left_s)) as run:
+            async for event in run:
+                yield event
 
     def info(self) -> dict[str, Any]:
         return {
