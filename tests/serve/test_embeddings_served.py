@@ -56,6 +56,7 @@ def test_health_and_model_list(server: Server) -> None:
         STRICT_MODEL: "embedding",
         RERANK_MODEL: "rerank",
         CROSS_MODEL: "rerank",
+        "tiny-llama-demo": "generation",  # the default app's demo LLM
     }
 
 
