@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import httpx
+
 from bench.llm_plot import ttft_svg
 from bench.llm_render import ENGINES, Run, median_summary, medians_by_rate, model_name, render
 from bench.llm_workload import LlmRequest, StreamTiming, mixed_requests, poisson_arrivals, summarize
@@ -64,14 +66,23 @@ def body(engine: str, request: LlmRequest) -> dict:
     }
 
 
+def replica_counter(server: Server, engine: str, name: str) -> int:
+    stats = httpx.get(f"{server.url}/v1/stats", timeout=10).json()
+    return int(stats["models"][model_name(engine)]["replica"].get(name, 0))
+
+
 async def burst(server: Server, engine: str, requests: list[LlmRequest]) -> Run:
     encoded = [completion_request("127.0.0.1", server.port, body(engine, r)) for r in requests]
+    batches = replica_counter(server, engine, "batches")  # the static engine's; 0 otherwise
     began = time.perf_counter()
     timings = await asyncio.gather(
         *(stream_completion("127.0.0.1", server.port, e, began) for e in encoded)
     )
     makespan = max((t.e2e_s for t in timings if t.ok), default=time.perf_counter() - began)
-    return Run(engine, None, summarize(timings, makespan))
+    batches = replica_counter(server, engine, "batches") - batches
+    return Run(
+        engine, None, summarize(timings, makespan), len(requests) / batches if batches else None
+    )
 
 
 async def open_loop(server: Server, engine: str, rate: float, duration_s: float, seed: int) -> Run:

@@ -41,6 +41,7 @@ class Run:
     engine: str
     rate_per_s: float | None  # None: the closed burst
     summary: Summary
+    mean_batch: float | None = None  # the static engine's requests per batch (burst)
 
 
 def median_summary(summaries: list[Summary]) -> Summary:
@@ -120,6 +121,7 @@ def render(
             run = by_engine[engine].get(rate)
             if run is not None:
                 lines.append(_row(f"{rate:g}/s ({rate / capacity:.2f}×)", run))
+    static_batches = [r.mean_batch for r in bursts if r.mean_batch is not None]
     checks = verdict(loops, capacity)
     met = bool(checks) and all(ok for *_, ok in checks)
     lines += [
@@ -128,11 +130,16 @@ def render(
         f"the mean `max_tokens` of the burst); open-loop rates are fractions of it, "
         f"{args.duration:g} s of Poisson arrivals each.",
         "",
+        "The static engine's burst went out in batches of "
+        + ", ".join(f"{b:.1f}" for b in static_batches)
+        + " requests on average (per round): `@serve.batch` starts a batch once "
+        "`static_batch_wait_s` has passed after its first request, and the rest wait for it.",
+        "",
         "Bar (issue 7): near capacity (≥ "
         f"{NEAR_CAPACITY:g}× it), continuous TTFT p99 ≤ {TTFT_BAR:g}× static at equal "
         f"(≥ {TOKENS_TOLERANCE:g}×) or higher output tokens/s: "
         + "; ".join(
-            f"{rate:g}/s: TTFT p99 {ttft:.2f}×, tokens/s {tokens:.2f}× "
+            f"{rate:g}/s: TTFT p99 {ttft:.3f}×, tokens/s {tokens:.2f}× "
             f"({'met' if ok else 'missed'})"
             for rate, ttft, tokens, ok in checks
         )
