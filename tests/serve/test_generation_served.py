@@ -13,7 +13,7 @@ from openai import AsyncOpenAI, OpenAI
 from bench.server import Server, load_config
 from deployments.backends.causal_lm import CausalLM, resolve_lm_source
 from deployments.backends.sampling import SamplingParams
-from tests.serve.conftest import ADMIN_KEY, AUTH
+from tests.serve.conftest import ADMIN_KEY, AUTH, STATIC_LLM
 
 MODEL = "tiny-llama-demo"
 
@@ -174,3 +174,48 @@ def test_unknown_generation_model_is_404(server: Server) -> None:
     body = {"model": "nope", "prompt": "x"}
     response = httpx.post(f"{server.url}/v1/completions", json=body, headers=AUTH, timeout=30)
     assert response.status_code == 404 and response.json()["error"]["param"] == "model"
+
+
+def test_static_engine_answers_whole_and_streamed_like_the_backend(client: OpenAI) -> None:
+    # Serve's @serve.batch streaming path (deployments/static_engine.py) end to end: both
+    # forms give the backend's greedy tokens, their count and the finish reason.
+    prompt = "the river runs past the old mill"
+    lm = CausalLM(resolve_lm_source(_source()))
+    expected = lm.generate([lm.prompt_ids(prompt)], [10], [SamplingParams(0.0)])[0]
+    common = {"model": STATIC_LLM, "prompt": prompt, "max_tokens": 10, "temperature": 0}
+    whole = client.completions.create(**common)
+    assert whole.usage.completion_tokens == len(expected)
+    assert whole.choices[0].text == lm.decode(expected)
+    assert whole.choices[0].finish_reason == ("length" if len(expected) == 10 else "stop")
+    chunks = list(
+        client.completions.create(**common, stream=True, stream_options={"include_usage": True})
+    )
+    assert chunks[-1].usage.completion_tokens == len(expected)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-2].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+async def test_static_engine_batches_concurrent_chats_each_to_its_own_length(
+    server: Server,
+) -> None:
+    client = AsyncOpenAI(base_url=f"{server.url}/v1", api_key=ADMIN_KEY)
+    lengths = [3, 9, 17, 30]  # one batch: each row must stop at its own max_tokens
+
+    async def one(max_tokens: int) -> tuple[int, str | None]:
+        reply = await client.chat.completions.create(
+            model=STATIC_LLM,
+            messages=[{"role": "user", "content": f"count to {max_tokens}"}],
+            max_tokens=max_tokens,
+            temperature=0,
+        )
+        return reply.usage.completion_tokens, reply.choices[0].finish_reason
+
+    results = await asyncio.gather(*(one(n) for n in lengths))
+    await client.close()
+    for asked, (used, reason) in zip(lengths, results, strict=True):
+        assert used == asked if reason == "length" else (reason == "stop" and used < asked)
+    async with httpx.AsyncClient(timeout=10) as http:
+        stats = (await http.get(f"{server.url}/v1/stats", headers=AUTH)).json()
+    replica = stats["models"][STATIC_LLM]["replica"]
+    assert replica["engine"] == "static" and replica["batches"] >= 1
+    assert replica["running_sequences"] == 0 and replica["slots"]["running"] == 0
