@@ -1,5 +1,6 @@
 """`make bench`: Tributary against the bare model, side by side in one run; then the
-mixed-priority scenario (bench/priority_mix.py).
+mixed-priority scenario (bench/priority_mix.py), the reranker (bench/rerank.py) and the
+two generation engines (bench/llm.py).
 
 For each Serve mode (how HTTP reaches the ingress, see deployments/launch.py) the default
 app is started as `make serve` starts it; then, for each scenario (64 connections x 1 text,
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from bench import bare_model, rerank
+from bench import bare_model, llm, rerank
 from bench.loadgen import LoadResult, embedding_bodies, run_closed_loop
 from bench.priority_mix import MixSettings, PriorityMix, failed_criteria
 from bench.priority_mix import render as render_priority
@@ -36,7 +37,7 @@ from bench.texts import sentences
 from deployments.launch import DEFAULT_MODE, SERVE_MODES
 
 MODEL = "all-MiniLM-L6-v2"
-SCENARIO_NAMES = ("embeddings", "priority", "rerank")
+SCENARIO_NAMES = ("embeddings", "priority", "rerank", "llm")
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,8 @@ def main(argv: list[str] | None = None) -> None:
         default=",".join(SCENARIO_NAMES),
         help="comma-separated: embeddings (the Serve modes against the bare model), "
         "priority (realtime alone and under a batch-class flood, default mode), "
-        "rerank (the served reranker against its bare backend, bench/rerank.py)",
+        "rerank (the served reranker against its bare backend, bench/rerank.py), "
+        "llm (continuous against static generation, burst and open loop, bench/llm.py)",
     )
     parser.add_argument(
         "--modes",
@@ -188,6 +190,8 @@ def main(argv: list[str] | None = None) -> None:
         ok &= run_priority(args, config, command)
     if "rerank" in scenarios:
         ok &= run_rerank(args)
+    if "llm" in scenarios:
+        ok &= run_llm(args, command)
     sys.exit(0 if ok else 1)
 
 
@@ -211,6 +215,16 @@ def run_rerank(args: argparse.Namespace) -> bool:
     rerank_args += ["--out", str(args.out)] + (["--no-write"] if args.no_write else [])
     try:
         rerank.main(rerank_args)
+    except SystemExit as exit_:
+        return exit_.code in (0, None)
+    return True
+
+
+def run_llm(args: argparse.Namespace, command: str) -> bool:
+    llm_args = ["--rounds", str(args.rounds), "--config", str(args.config), "--out", str(args.out)]
+    llm_args += ["--command", command] + (["--no-write"] if args.no_write else [])
+    try:
+        llm.main(llm_args)
     except SystemExit as exit_:
         return exit_.code in (0, None)
     return True

@@ -11,9 +11,11 @@ from typing import Any
 from ray import serve
 from ray.serve import Application
 
+from deployments.backends.demo_llm import DEMO_PREFIX
 from deployments.backends.sources import ModelSourceError, resolve_model_source
 from deployments.config import AppConfig, ModelDeploymentConfig
 from deployments.embedder import Embedder
+from deployments.generator import Generator
 from deployments.ingress import Ingress
 from deployments.reranker import Reranker
 from deployments.tenants import build_access_control
@@ -28,6 +30,12 @@ def build_app(args: dict[str, Any]) -> Application:
                 resolve_model_source(model.source)
             except ModelSourceError as exc:
                 raise ModelSourceError(f"{kind} model {model.name!r}: {exc}") from None
+    for generation in config.generation_models:
+        if not generation.source.startswith(DEMO_PREFIX):  # demo models are built on first use
+            try:
+                resolve_model_source(generation.source)
+            except ModelSourceError as exc:
+                raise ModelSourceError(f"generation model {generation.name!r}: {exc}") from None
     # A missing key file or variable fails the deploy here, not in the ingress replica.
     build_access_control(config.auth)
     # Batch knobs travel only as each model deployment's user_config: changing them with
@@ -35,6 +43,17 @@ def build_app(args: dict[str, Any]) -> Application:
     # any constructor argument would restart them.
     embedders = {m.name: _model_deployment(Embedder, "embed", m) for m in config.embedding_models}
     rerankers = {m.name: _model_deployment(Reranker, "rerank", m) for m in config.rerank_models}
+    # The queue limits are the generator's user_config, changeable without a restart.
+    generators = {
+        m.name: serve.deployment(Generator)
+        .options(
+            name=f"generate-{m.name}",
+            user_config=m.queue.model_dump(),
+            **m.deployment.to_serve(),
+        )
+        .bind(m.model_dump())
+        for m in config.generation_models
+    }
     ingress = serve.deployment(serve.ingress()(Ingress)).options(
         name="ingress", **config.ingress.deployment.to_serve()
     )
@@ -42,7 +61,12 @@ def build_app(args: dict[str, Any]) -> Application:
         "embedding_models": {"__all__": {"batching"}},
         "rerank_models": {"__all__": {"batching"}},
     }
-    return ingress.bind(config.model_dump(exclude=without_batching), embedders, rerankers=rerankers)
+    return ingress.bind(
+        config.model_dump(exclude=without_batching),
+        embedders,
+        rerankers=rerankers,
+        generators=generators,
+    )
 
 
 def _model_deployment(cls: type, prefix: str, model: ModelDeploymentConfig) -> Application:

@@ -180,6 +180,60 @@ class RerankModelConfig(ModelDeploymentConfig):
     )
 
 
+class GenerationQueue(StrictModel):
+    """How a generation replica admits sequences into its engine, per priority class. Sent
+    as the deployment's `user_config`, so it changes at runtime without a restart."""
+
+    max_queued: dict[PriorityName, int] = Field(
+        default_factory=lambda: {"realtime": 64, "normal": 256, "batch": 1024},
+        description="Requests of a class waiting for a slot, at most (then 429, or 503 "
+        "for realtime).",
+    )
+    aged_after_s: dict[PriorityName, float | None] = Field(
+        default_factory=lambda: {"realtime": None, "normal": 2.0, "batch": 5.0},
+        description="A waiting request of this class that has waited this long goes "
+        "ahead of higher classes; None = strict priority.",
+    )
+
+
+class GenerationModelConfig(ModelDeploymentConfig):
+    source: str = Field(
+        ...,
+        min_length=1,
+        description="A local directory holding a Hugging Face causal-LM checkpoint "
+        "(`save_pretrained`), `package:<module>`, or `demo:tiny-llama`: a small model "
+        "with random weights built on first use (meaningless text).",
+    )
+    cache_dir: str | None = Field(
+        None, description="Where demo models are built; default ~/.cache/tributary."
+    )
+    engine: Literal["continuous", "static"] = Field(
+        "continuous",
+        description="continuous: transformers' continuous-batching manager (sequences "
+        "join and leave at every step); static: @serve.batch over batched `generate` "
+        "(kept for comparison).",
+    )
+    max_num_seqs: int = Field(32, ge=1, description="Sequences in flight per replica.")
+    kv_cache_tokens: int = Field(
+        16384,
+        ge=64,
+        description="KV cache size in tokens; also the budget of prompt + max_tokens "
+        "summed over the sequences in flight.",
+    )
+    max_batch_tokens: int = Field(
+        256, ge=16, description="Tokens (prefill + decode) in one continuous-batching step."
+    )
+    page_size: int = Field(32, ge=4, description="Tokens per KV cache page.")
+    scheduler: Literal["fifo", "prefill_first"] = "fifo"
+    static_batch_wait_s: float = Field(
+        0.01, ge=0, description="static engine: how long a partial batch waits for more."
+    )
+    default_max_tokens: int = Field(128, ge=1, description="When a request sends none.")
+    max_tokens_limit: int = Field(512, ge=1, description="Largest `max_tokens` (400 above).")
+    max_stop_sequences: int = Field(4, ge=0)
+    queue: GenerationQueue = GenerationQueue()
+
+
 class ClassAdmission(StrictModel):
     """How the ingress admits one priority class, per model."""
 
@@ -303,11 +357,13 @@ class AppConfig(StrictModel):
     auth: AuthConfig = AuthConfig()
     embedding_models: list[EmbeddingModelConfig] = Field(..., min_length=1)
     rerank_models: list[RerankModelConfig] = Field(default_factory=list)
+    generation_models: list[GenerationModelConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _names_are_unique(self) -> AppConfig:
         # One namespace: a client names a model without saying which task it is for.
         names = [m.name for m in self.embedding_models] + [m.name for m in self.rerank_models]
+        names += [m.name for m in self.generation_models]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"model names: duplicate model name(s) {duplicates}")

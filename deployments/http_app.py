@@ -101,6 +101,10 @@ def build_http_app(ingress: Ingress) -> FastAPI:
     rerank_route("/v2/rerank", "v2", RerankRequest, RerankResponse)
     rerank_route("/rerank", "tei", TeiRerankRequest, list[TeiRank])
 
+    from deployments.generation_routes import install_generation_routes
+
+    install_generation_routes(app, ingress)
+
     @app.get("/v1/models", responses={200: {"model": ModelList}})
     async def models() -> Response:
         return json_response(ingress.list_models())

@@ -11,11 +11,16 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from deployments.config import AppConfig, EmbeddingModelConfig, RerankModelConfig
+from deployments.config import (
+    AppConfig,
+    EmbeddingModelConfig,
+    GenerationModelConfig,
+    RerankModelConfig,
+)
 from deployments.core.access import AccessDenied, Tenant, estimate_tokens
 from deployments.core.class_queues import Refused, loop_deadline
 from deployments.core.coalescer import DeadlineExpired
@@ -35,6 +40,14 @@ from deployments.errors import (
     TributaryError,
     Unauthorized,
 )
+from deployments.generation_api import (
+    GenerationCall,
+    Reply,
+    build_job,
+    collect,
+    sse,
+    timeout_for,
+)
 from deployments.http_app import build_http_app
 from deployments.metrics import build_metrics
 from deployments.model_client import ModelClient
@@ -44,6 +57,7 @@ from deployments.request_meta import RequestMeta, choose_priority, read_meta
 from deployments.rerank_api import rerank_job, rerank_response, rerank_token_estimate
 from deployments.response import embedding_response
 from deployments.schemas import EmbeddingRequest, parse_embedding_request
+from deployments.schemas_generation import parse_generation_request
 from deployments.schemas_rerank import Dialect, parse_rerank_request
 from deployments.tenants import build_access_control
 
@@ -57,6 +71,7 @@ ReadinessCheck = Callable[[], Awaitable[str | None]]
 class Answer:
     body: Any  # a JSON object, or a list for TEI's rerank
     headers: dict[str, str]
+    events: AsyncIterator[bytes] | None = None  # server-sent events instead of `body`
 
 
 class Ingress:
@@ -66,6 +81,7 @@ class Ingress:
         embedders: dict[str, Any],  # model name -> DeploymentHandle of its Embedder
         readiness: ReadinessCheck | None = None,
         rerankers: dict[str, Any] | None = None,  # model name -> handle of its Reranker
+        generators: dict[str, Any] | None = None,  # model name -> handle of its Generator
         metrics: TributaryMetrics | None = None,  # None: Ray's, inside a Ray worker
     ) -> None:
         self.config = AppConfig.model_validate(config)
@@ -76,6 +92,10 @@ class Ingress:
         self._rerank_models: dict[str, RerankModelConfig] = {
             m.name: m for m in self.config.rerank_models
         }
+        self._generation_models: dict[str, GenerationModelConfig] = {
+            m.name: m for m in self.config.generation_models
+        }
+        self._generators = generators or {}
         self._created = int(time.time())
         self._readiness = readiness or serve_readiness
         self.access = build_access_control(self.config.auth)
@@ -114,7 +134,11 @@ class Ingress:
                     "owned_by": "tributary",
                     "task": task,
                 }
-                for names, task in ((self._models, "embedding"), (self._rerank_models, "rerank"))
+                for names, task in (
+                    (self._models, "embedding"),
+                    (self._rerank_models, "rerank"),
+                    (self._generation_models, "generation"),
+                )
                 for name in names
             ],
         }
@@ -170,6 +194,53 @@ class Ingress:
         outcome = await self._run(model.name, priority, job, estimate, meta, tenant)
         answer = rerank_response(query, model.name, outcome)
         return Answer(answer, {"X-Priority": priority.label})
+
+    @observed
+    async def generate(
+        self, body: bytes, meta: RequestMeta, tenant: Tenant | None, chat: bool
+    ) -> Answer:
+        """/v1/chat/completions (chat) and /v1/completions (generation_api.py)."""
+        request = parse_generation_request(body, chat)
+        model = self._generation_models.get(request.model)
+        if model is None:
+            raise ModelNotFound(
+                f"The generation model '{request.model}' does not exist; GET /v1/models "
+                "lists them (task: generation).",
+                param="model",
+            )
+        note_request(model=model.name, version=model.version)
+        self._guard(lambda: self.access.authorize(tenant, model.name))
+        asked = choose_priority(meta.priority, request.priority)
+        priority = asked if tenant is None else asked.capped_at(tenant.tier)
+        note_request(priority=priority.label, items=1)
+        job = build_job(request, model, meta.request_id)
+        texts = job.prompt or " ".join(m["content"] for m in job.messages or [])
+        estimate = estimate_tokens([texts]) + job.max_tokens
+        self._guard(lambda: self.access.charge(tenant, estimate))
+        timeout_s = timeout_for(self.config.ingress.admission, priority, meta.timeout_s)
+        call = GenerationCall(model.name, self._generators[model.name], priority, timeout_s)
+        try:
+            first = await call.start(job)
+        except BaseException:
+            self.access.settle(tenant, estimate, 0)
+            raise
+        reply = Reply(chat, model.name)
+        headers = {"X-Priority": priority.label}
+        if request.stream:
+
+            def settle(last: Any) -> None:
+                used = 0 if last is None else last.prompt_tokens + last.completion_tokens
+                self.access.settle(tenant, estimate, used)
+
+            events = sse(call, first, reply, request.include_usage, settle)
+            return Answer(None, headers, events=events)
+        try:
+            text, last = await collect(call, first)
+        except BaseException:
+            self.access.settle(tenant, estimate, 0)
+            raise
+        self.access.settle(tenant, estimate, last.prompt_tokens + last.completion_tokens)
+        return Answer(reply.whole(text, last), headers)
 
     async def _run(
         self,
@@ -256,6 +327,9 @@ class Ingress:
                 "ingress": ingress,
                 "replica": replica,
             }
+        names = list(self._generators)
+        infos = await asyncio.gather(*(self._generators[n].info.remote() for n in names))
+        models.update({name: {"replica": info} for name, info in zip(names, infos, strict=True)})
         return {"models": models, "access_denied": dict(self._denied)}
 
     def _class_summary(

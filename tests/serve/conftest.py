@@ -1,6 +1,7 @@
 """Starts the real application once per session, through `python -m deployments.launch`
 (what `make serve` runs), on a config derived from serve_config.yaml with a free port, a
-second, strict copy of MiniLM (`truncate: false`), API keys for three tenants and a small
+second, strict copy of MiniLM (`truncate: false`), the demo LLM a second time on the static
+engine, API keys for three tenants and a small
 batch-class queue (so a flood is quick to make), and a small cross-encoder reranker
 built into a temporary directory at session start. Stops it with Ctrl-C, as a user would;
 the fixture fails if any process it started outlives that."""
@@ -21,6 +22,7 @@ MODEL = "all-MiniLM-L6-v2"
 STRICT_MODEL = "minilm-strict"
 RERANK_MODEL = "minilm-rerank"  # the default app's bi-encoder reranker
 CROSS_MODEL = "tiny-cross-encoder"  # built by the session, random weights
+STATIC_LLM = "tiny-llama-static"  # the default app's demo LLM on the static engine
 
 # Test keys, known to the test server only as their digests.
 ADMIN_KEY = "trib-test-admin"  # tier realtime, every model, no rate limit
@@ -46,6 +48,12 @@ def serve_test_config(cross_encoder_dir: Path | None = None) -> dict:
             torch_threads=1,
         )
         args["rerank_models"].append(cross)
+    # The static engine inside Serve too (@serve.batch streaming over batched generate):
+    # the same demo weights, no CPU claimed (idle but for its own tests), one thread.
+    static = copy.deepcopy(args["generation_models"][0])
+    static.update(name=STATIC_LLM, engine="static", max_num_seqs=8, torch_threads=1)
+    static["deployment"]["ray_actor_options"]["num_cpus"] = 0
+    args["generation_models"].append(static)
     strict = copy.deepcopy(args["embedding_models"][0])
     strict.update(name=STRICT_MODEL, truncate=False, torch_threads=1)
     strict["deployment"]["ray_actor_options"]["num_cpus"] = 0.5

@@ -16,6 +16,7 @@ from tests.serve.conftest import (
     CROSS_MODEL,
     MODEL,
     RERANK_MODEL,
+    STATIC_LLM,
     STRICT_MODEL,
     Server,
 )
@@ -56,6 +57,8 @@ def test_health_and_model_list(server: Server) -> None:
         STRICT_MODEL: "embedding",
         RERANK_MODEL: "rerank",
         CROSS_MODEL: "rerank",
+        "tiny-llama-demo": "generation",  # the default app's demo LLM
+        STATIC_LLM: "generation",  # the same on the static engine
     }
 
 

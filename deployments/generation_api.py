@@ -1,0 +1,252 @@
+"""The ingress's side of generation: validate an OpenAI completion request, send it to the
+model's replica as one streaming call, and answer as JSON or as server-sent events.
+
+A request's first event is awaited before any response starts, so a refusal (queue full,
+deadline, prompt too long) is a real HTTP status. After that, tokens flow as they come;
+when the client goes away the stream's call is cancelled, which cancels the sequence in
+the replica's engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import (
+    BackPressureError,
+    DeploymentUnavailableError,
+    ReplicaUnavailableError,
+)
+
+from deployments.config import AdmissionConfig, GenerationModelConfig
+from deployments.core.generation_jobs import GenerationChunk, GenerationJob, GenerationRejection
+from deployments.core.priority import Priority
+from deployments.errors import (
+    DeadlineExceeded,
+    InvalidRequest,
+    ModelFailed,
+    NotReady,
+    Overloaded,
+    TributaryError,
+)
+from deployments.schemas_generation import ChatCompletionRequest, CompletionRequest
+
+logger = logging.getLogger("ray.serve")
+
+# How long past its deadline the ingress waits for the replica to say 504 itself.
+DEADLINE_GRACE_S = 2.0
+
+
+class GenerationCall:
+    """One request's streaming call to a generation replica."""
+
+    def __init__(self, model: str, handle: Any, priority: Priority, timeout_s: float) -> None:
+        self.model = model
+        self._handle = handle
+        self.priority = priority
+        self.timeout_s = timeout_s
+        self._stream: Any = None
+
+    async def start(self, job: GenerationJob) -> GenerationChunk:
+        """Sends the job and returns its first chunk, or raises the API error it got."""
+        self._stream = self._handle.options(stream=True).generate.remote(
+            self.priority.label, job, self.timeout_s
+        )
+        try:
+            first = await asyncio.wait_for(
+                self._stream.__anext__(), self.timeout_s + DEADLINE_GRACE_S
+            )
+        except TimeoutError:
+            self.cancel()
+            raise DeadlineExceeded(
+                f"No first token within the request's deadline of {self.timeout_s:g} s."
+            ) from None
+        except BaseException as exc:
+            self.cancel()
+            raise _call_error(self.model, self.priority, exc) from None
+        if isinstance(first, GenerationRejection):
+            self.cancel()
+            raise _rejection_error(first)
+        return first
+
+    async def rest(self) -> AsyncIterator[GenerationChunk]:
+        try:
+            async for chunk in self._stream:
+                yield chunk
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise _call_error(self.model, self.priority, exc) from None
+        finally:
+            self.cancel()
+
+    def cancel(self) -> None:
+        if self._stream is not None:
+            self._stream.cancel()  # a no-op once the stream is over
+
+
+def build_job(
+    request: ChatCompletionRequest | CompletionRequest,
+    model: GenerationModelConfig,
+    request_id: str,
+) -> GenerationJob:
+    max_tokens = request.max_tokens
+    if isinstance(request, ChatCompletionRequest) and request.max_completion_tokens is not None:
+        max_tokens = request.max_completion_tokens
+    if max_tokens is None:
+        max_tokens = min(model.default_max_tokens, model.max_tokens_limit)
+    if max_tokens > model.max_tokens_limit:
+        raise InvalidRequest(
+            f"max_tokens is {max_tokens}; model '{model.name}' generates at most "
+            f"{model.max_tokens_limit} tokens per request.",
+            param="max_tokens",
+            code="max_tokens_exceeded",
+        )
+    stop = request.stop_list()
+    if len(stop) > model.max_stop_sequences:
+        raise InvalidRequest(
+            f"{len(stop)} stop sequences; at most {model.max_stop_sequences}.", param="stop"
+        )
+    common: dict[str, Any] = {
+        "request_id": request_id,
+        "max_tokens": max_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "seed": request.seed,
+        "stop": stop,
+    }
+    if isinstance(request, ChatCompletionRequest):
+        messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+        return GenerationJob(messages=messages, **common)
+    return GenerationJob(prompt=request.prompt_text(), **common)
+
+
+def timeout_for(admission: AdmissionConfig, priority: Priority, asked: float | None) -> float:
+    return asked if asked is not None else admission.of(priority.label).timeout_s  # type: ignore[arg-type]
+
+
+class Reply:
+    """Builds the OpenAI body of one chat or text completion, whole or as chunks."""
+
+    def __init__(self, chat: bool, model: str) -> None:
+        self.chat = chat
+        self.model = model
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    def whole(self, text: str, last: GenerationChunk) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage(last),
+        }
+
+    def chunk(self, text: str, finish_reason: str | None, first: bool) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
+        if self.chat:
+            choice["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+        else:
+            choice["text"] = text
+        return self._event({**self._head(), "choices": [choice]})
+
+    def usage_chunk(self, last: GenerationChunk) -> bytes:
+        return self._event({**self._head(), "choices": [], "usage": usage(last)})
+
+    def _head(self) -> dict[str, Any]:
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    @staticmethod
+    def _event(body: dict[str, Any]) -> bytes:
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+def usage(chunk: GenerationChunk) -> dict[str, int]:
+    return {
+        "prompt_tokens": chunk.prompt_tokens,
+        "completion_tokens": chunk.completion_tokens,
+        "total_tokens": chunk.prompt_tokens + chunk.completion_tokens,
+    }
+
+
+async def collect(call: GenerationCall, first: GenerationChunk) -> tuple[str, GenerationChunk]:
+    parts, last = [first.text], first
+    if first.finish_reason is None:
+        async for chunk in call.rest():
+            parts.append(chunk.text)
+            last = chunk
+    call.cancel()
+    return "".join(parts), last
+
+
+async def sse(
+    call: GenerationCall,
+    first: GenerationChunk,
+    reply: Reply,
+    include_usage: bool,
+    on_end: Callable[[GenerationChunk | None], None],
+) -> AsyncIterator[bytes]:
+    """The event stream; `on_end` gets the last chunk (None if the stream broke)."""
+    last: GenerationChunk | None = first
+    try:
+        yield reply.chunk(first.text, first.finish_reason, first=True)
+        if first.finish_reason is None:
+            async for chunk in call.rest():
+                last = chunk
+                yield reply.chunk(chunk.text, chunk.finish_reason, first=False)
+        if include_usage and last is not None:
+            yield reply.usage_chunk(last)
+        yield b"data: [DONE]\n\n"
+    except TributaryError as exc:
+        last = None
+        yield b"data: " + orjson.dumps(exc.body()) + b"\n\n"
+    finally:
+        call.cancel()
+        on_end(last)
+
+
+def _rejection_error(rejection: GenerationRejection) -> TributaryError:
+    if rejection.status == 504:
+        return DeadlineExceeded(rejection.message)
+    if rejection.status in (429, 503):
+        return Overloaded(
+            rejection.message,
+            retry_after_s=rejection.retry_after_s,
+            status=rejection.status,
+            code=rejection.code,
+        )
+    if rejection.status >= 500:
+        return ModelFailed()
+    return InvalidRequest(
+        rejection.message, param=rejection.param, code=rejection.code, status=rejection.status
+    )
+
+
+def _call_error(model: str, priority: Priority, exc: BaseException) -> BaseException:
+    if isinstance(exc, TributaryError | asyncio.CancelledError):
+        return exc
+    if isinstance(exc, BackPressureError):
+        return Overloaded(
+            f"The queue of model '{model}' is full; retry shortly.",
+            retry_after_s=1,
+            status=503 if priority is Priority.REALTIME else 429,
+            code="queue_full",
+        )
+    if isinstance(exc, RayActorError | DeploymentUnavailableError | ReplicaUnavailableError):
+        return NotReady(f"Model '{model}' is restarting or unavailable; retry shortly.")
+    logger.error("generation call to %s failed", model, exc_info=exc)
+    return ModelFailed()

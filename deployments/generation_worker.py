@@ -1,0 +1,171 @@
+"""One generation request inside a replica, whatever the engine: tokenise, check the
+limits, wait for a slot (priority, deadline), run the sequence, stream text deltas, stop
+on a stop sequence, and cancel the sequence the moment its caller goes away.
+
+No Ray here: the engine is anything with `submit` and `cancel` (`Engine`), so unit tests
+drive this with a fake engine and the deployment plugs in the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
+from typing import Any, Protocol
+
+from deployments.backends.continuous import EngineOutput, OnOutput
+from deployments.backends.sampling import SamplingParams
+from deployments.backends.text_stream import TextStream
+from deployments.core.generation_jobs import GenerationChunk, GenerationJob, GenerationRejection
+from deployments.core.priority import Priority
+from deployments.core.sequence_slots import QueueFull, SequenceSlots, SlotTimeout
+
+
+class Engine(Protocol):
+    def submit(
+        self,
+        request_id: str,
+        prompt: Sequence[int],
+        max_new_tokens: int,
+        sampling: SamplingParams,
+        on_output: OnOutput,
+    ) -> None: ...
+
+    def cancel(self, request_id: str) -> None: ...
+
+
+class Tokenizer(Protocol):
+    context_window: int
+
+    def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int]: ...
+
+    def prompt_ids(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+Event = GenerationChunk | GenerationRejection
+
+
+class GenerationWorker:
+    def __init__(
+        self,
+        lm: Tokenizer,
+        engine: Engine,
+        slots: SequenceSlots,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.lm = lm
+        self.engine = engine
+        self.slots = slots
+        self._clock = clock
+        self.counts = {"requests": 0, "completed": 0, "client_gone": 0, "timed_out": 0}
+
+    async def run(
+        self, priority: Priority, job: GenerationJob, time_left_s: float | None
+    ) -> AsyncIterator[Event]:
+        deadline = None if time_left_s is None else self._clock() + time_left_s
+        self.counts["requests"] += 1
+        prompt = self._prompt_ids(job)
+        window = self.lm.context_window
+        if len(prompt) + job.max_tokens > window:
+            param = "messages" if job.messages is not None else "prompt"
+            yield GenerationRejection(
+                400,
+                f"This model's context window is {window} tokens; the prompt has "
+                f"{len(prompt)} and max_tokens asks for {job.max_tokens} more. Shorten the "
+                "prompt or lower max_tokens.",
+                param=param,
+                code="context_length_exceeded",
+            )
+            return
+        try:
+            slot = await self.slots.acquire(priority, len(prompt) + job.max_tokens, deadline)
+        except QueueFull as full:
+            yield GenerationRejection(
+                503 if priority is Priority.REALTIME else 429,
+                f"The generation queue for {priority.label}-class requests is full "
+                f"({full.queued} waiting, limit {full.limit}); retry shortly.",
+                code="queue_full",
+                retry_after_s=1,
+            )
+            return
+        except SlotTimeout:
+            self.counts["timed_out"] += 1
+            yield _deadline_passed(time_left_s)
+            return
+        try:
+            # aclosing: when our caller closes us, the inner stream must run its cleanup
+            # (cancel the sequence) now, not whenever it is garbage-collected.
+            async with aclosing(self._stream(job, prompt, deadline, time_left_s)) as events:
+                async for event in events:
+                    yield event
+        finally:
+            self.slots.release(slot)
+
+    def _prompt_ids(self, job: GenerationJob) -> list[int]:
+        if job.messages is not None:
+            return self.lm.chat_ids(job.messages)
+        return self.lm.prompt_ids(job.prompt or "")
+
+    async def _stream(
+        self,
+        job: GenerationJob,
+        prompt: list[int],
+        deadline: float | None,
+        time_left_s: float | None,
+    ) -> AsyncIterator[Event]:
+        outputs: asyncio.Queue[EngineOutput] = asyncio.Queue()
+        sequence_id = f"{job.request_id}-{uuid.uuid4().hex[:8]}"
+        sampling = SamplingParams(job.temperature, job.top_p, job.seed)
+        text = TextStream(self.lm.decode, job.stop)
+        finished = False
+        sent_any = False
+        self.engine.submit(sequence_id, prompt, job.max_tokens, sampling, outputs.put_nowait)
+        try:
+            while not finished:
+                timeout = None
+                if not sent_any and deadline is not None:
+                    timeout = max(0.0, deadline - self._clock())
+                try:
+                    output = await asyncio.wait_for(outputs.get(), timeout)
+                except TimeoutError:
+                    self.counts["timed_out"] += 1
+                    yield _deadline_passed(time_left_s)
+                    return
+                while not outputs.empty():  # each output holds every token so far
+                    output = outputs.get_nowait()
+                if output.error is not None:
+                    raise RuntimeError(f"generation failed: {output.error}")
+                delta = text.update(output.tokens, final=output.finished)
+                finished = output.finished or delta.stopped
+                reason = None
+                if finished:
+                    reason = "stop" if delta.stopped or output.hit_eos else "length"
+                if delta.text or finished or not sent_any:
+                    sent_any = True
+                    yield GenerationChunk(delta.text, len(prompt), len(output.tokens), reason)
+            self.counts["completed"] += 1
+        finally:
+            if not finished:
+                # The caller left (its generator was closed or cancelled), or it timed
+                # out: free the sequence now, not after max_tokens more steps.
+                self.engine.cancel(sequence_id)
+                self.counts["client_gone"] += sent_any
+            elif not output.finished:
+                self.engine.cancel(sequence_id)  # a stop sequence ended it early
+
+    def stats(self) -> dict[str, Any]:
+        return {**self.counts, "slots": vars(self.slots.stats)}
+
+
+def _deadline_passed(time_left_s: float | None) -> GenerationRejection:
+    limit = "" if time_left_s is None else f" of {time_left_s:g} s"
+    return GenerationRejection(
+        504,
+        f"No first token within the request's deadline{limit} (X-Request-Timeout or the "
+        "class default).",
+        code="deadline_exceeded",
+    )

@@ -1,0 +1,134 @@
+"""The generation deployment: a causal LM behind priority-aware slots, streaming tokens.
+
+The ingress calls `generate` with `handle.options(stream=True)`; it is an async generator
+that yields `GenerationChunk`s as tokens come (or one `GenerationRejection`). The engine is
+transformers' continuous-batching manager by default (`engine: continuous`: sequences join
+and leave the running batch at every step, on the manager's own thread) or, for
+comparison, `@serve.batch` over batched `generate` (`engine: static`). In front of either,
+`SequenceSlots` admits at most `max_num_seqs` sequences and `kv_cache_tokens` tokens,
+realtime first, with ageing and deadlines (generation_worker.py). When the caller goes
+away, Serve cancels the generator and the sequence is cancelled in the engine at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from deployments.backends.causal_lm import CausalLM, resolve_lm_source
+from deployments.backends.continuous import ContinuousEngine, ContinuousSettings, first_output
+from deployments.backends.sampling import SamplingParams
+from deployments.config import GenerationModelConfig, GenerationQueue
+from deployments.core.generation_jobs import GenerationJob
+from deployments.core.priority import ALL_PRIORITIES, Priority
+from deployments.core.sequence_slots import SequenceSlots, SlotLimits
+from deployments.device import assigned_device, torch_dtype
+from deployments.generation_worker import Event, GenerationWorker
+from deployments.static_engine import StaticEngine
+
+logger = logging.getLogger("ray.serve")
+
+WARMUP_PROMPT = "tributary warms up the generation path"
+
+
+class Generator:
+    def __init__(self, model: dict[str, Any]) -> None:
+        config = GenerationModelConfig.model_validate(model)
+        self.config = config
+        device = assigned_device()
+        cache_dir = Path(config.cache_dir) if config.cache_dir else None
+        path = resolve_lm_source(config.source, cache_dir)
+        threads = config.torch_threads or torch.get_num_threads()
+        self.lm = CausalLM(path, device, torch_dtype(config.dtype, device))
+        self.slots = SequenceSlots(self._limits(GenerationQueue()))
+        if config.engine == "continuous":
+            settings = ContinuousSettings(
+                max_batch_tokens=config.max_batch_tokens,
+                kv_cache_tokens=config.kv_cache_tokens,
+                page_size=config.page_size,
+                scheduler=config.scheduler,
+                max_num_seqs=config.max_num_seqs,
+                torch_threads=threads,
+            )
+            self.engine: ContinuousEngine | StaticEngine = ContinuousEngine(self.lm, settings)
+            self.engine.start()
+        else:
+            executor = ThreadPoolExecutor(
+                max_workers=1, initializer=torch.set_num_threads, initargs=(threads,)
+            )
+            self.engine = StaticEngine(
+                self.lm, executor, config.max_num_seqs, config.static_batch_wait_s
+            )
+        self.worker = GenerationWorker(self.lm, self.engine, self.slots)
+        self._warm_up()
+        logger.info(
+            "generation model %s (%s engine) ready on %s from %s, %d torch threads",
+            config.name,
+            config.engine,
+            device,
+            path,
+            threads,
+        )
+
+    def _warm_up(self) -> None:
+        prompt = self.lm.prompt_ids(WARMUP_PROMPT)
+        if isinstance(self.engine, ContinuousEngine):
+            # The manager delivers results on the loop that registered for them; the
+            # replica's own loop may not be running yet, so warm up on a loop of our own.
+            engine = self.engine
+            thread = threading.Thread(target=lambda: asyncio.run(first_output(engine, prompt, 8)))
+            thread.start()
+            thread.join()
+        else:
+            self.lm.generate([prompt, prompt[:2]], [8, 4], [SamplingParams(0.0)] * 2)
+        self._warm = True
+
+    def _limits(self, queue: GenerationQueue) -> SlotLimits:
+        return SlotLimits(
+            max_num_seqs=self.config.max_num_seqs,
+            max_tokens=self.config.kv_cache_tokens,
+            max_queued={p: queue.max_queued.get(p.label, 0) for p in ALL_PRIORITIES},  # type: ignore[call-overload]
+            aged_after_s={p: queue.aged_after_s.get(p.label) for p in ALL_PRIORITIES},  # type: ignore[call-overload]
+        )
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        self.queue = GenerationQueue.model_validate(user_config)
+        self.slots.set_limits(self._limits(self.queue))
+
+    def check_health(self) -> None:
+        if not getattr(self, "_warm", False):
+            raise RuntimeError("model not warmed up")
+        if isinstance(self.engine, ContinuousEngine) and not self.engine.manager.is_running():
+            raise RuntimeError("the continuous-batching thread has stopped")
+
+    async def generate(
+        self, priority: str, job: GenerationJob, time_left_s: float | None
+    ) -> AsyncIterator[Event]:
+        async with aclosing(self.worker.run(Priority.parse(priority), job, time_left_s)) as run:
+            async for event in run:
+                yield event
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "task": "generation",
+            "engine": self.config.engine,
+            "max_num_seqs": self.config.max_num_seqs,
+            "context_window": self.lm.context_window,
+            **self.engine.stats(),
+            **self.worker.stats(),
+        }
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if isinstance(engine, ContinuousEngine):
+            engine.stop()

@@ -1,0 +1,137 @@
+"""Request and response shapes of /v1/chat/completions and /v1/completions (OpenAI's)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, StrictStr, ValidationError, model_validator
+
+from deployments.errors import InvalidRequest
+from deployments.schemas import ApiModel, _as_invalid_request
+
+
+class TextPart(ApiModel):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(ApiModel):
+    role: Literal["system", "user", "assistant", "developer"]
+    content: StrictStr | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(ApiModel):
+    include_usage: bool = False
+
+
+class SamplingFields(ApiModel):
+    """What both routes share. Fields OpenAI has and Tributary does not implement are
+    accepted only at their neutral value, so a client never gets silent misbehaviour."""
+
+    model: StrictStr = Field(..., description="A generation model from GET /v1/models.")
+    max_tokens: int | None = Field(
+        None, ge=1, description="Most tokens to generate; default and limit per model."
+    )
+    temperature: float = Field(1.0, ge=0, le=2, description="0 = greedy decoding.")
+    top_p: float = Field(1.0, gt=0, le=1)
+    seed: int | None = Field(
+        None,
+        description="Makes sampling repeatable: same seed, prompt and parameters, "
+        "same text (on the same engine).",
+    )
+    stop: StrictStr | list[StrictStr] | None = Field(
+        None, description="Up to 4 strings; generation ends before the first one."
+    )
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, description="Only 1 is supported.")
+    user: str | None = Field(None, description="Accepted for compatibility; unused.")
+    priority: Literal["realtime", "normal", "batch"] | None = Field(
+        None, description="Priority class (as the X-Priority header), capped by the key's tier."
+    )
+    presence_penalty: float = Field(0.0, description="Only 0 is supported.")
+    frequency_penalty: float = Field(0.0, description="Only 0 is supported.")
+    logprobs: Any = Field(None, description="Not supported: null or false only.")
+
+    @model_validator(mode="after")
+    def _supported(self) -> SamplingFields:
+        if self.n != 1:
+            raise _Unsupported("n", "Only n=1 is supported; send n requests instead.")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) != 0:
+                raise _Unsupported(name, f"'{name}' is not supported; leave it at 0.")
+        if self.logprobs not in (None, False):
+            raise _Unsupported("logprobs", "'logprobs' is not supported.")
+        if self.stream_options is not None and not self.stream:
+            raise _Unsupported("stream_options", "'stream_options' needs 'stream': true.")
+        return self
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, description="Same as max_tokens.")
+
+
+class CompletionRequest(SamplingFields):
+    prompt: StrictStr | list[StrictStr] = Field(..., description="One prompt.")
+    echo: bool = Field(False, description="Only false is supported.")
+    best_of: int = Field(1, description="Only 1 is supported.")
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> CompletionRequest:
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            raise _Unsupported("prompt", "Send one prompt per request (a string).")
+        if self.echo:
+            raise _Unsupported("echo", "'echo' is not supported.")
+        if self.best_of != 1:
+            raise _Unsupported("best_of", "Only best_of=1 is supported.")
+        return self
+
+    def prompt_text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+class _Unsupported(ValueError):
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+        self.message = message
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+def parse_generation_request(body: bytes, chat: bool) -> ChatCompletionRequest | CompletionRequest:
+    schema = ChatCompletionRequest if chat else CompletionRequest
+    try:
+        return schema.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        cause = first.get("ctx", {}).get("error")
+        if isinstance(cause, _Unsupported):
+            raise InvalidRequest(cause.message, param=cause.param, code="unsupported") from None
+        shapes = {
+            "stop": "'stop' must be a string or an array of strings",
+            "prompt": "'prompt' must be a string",
+            "messages": "'messages' must be a non-empty array of {role, content} objects, "
+            "role one of system, user, assistant, developer, content a string",
+        }
+        raise _as_invalid_request(exc, shapes) from None
