@@ -19,6 +19,7 @@ from deployments.backends.continuous import EngineOutput, OnOutput
 from deployments.backends.sampling import SamplingParams
 from deployments.backends.text_stream import TextStream
 from deployments.core.generation_jobs import GenerationChunk, GenerationJob, GenerationRejection
+from deployments.core.metrics import TributaryMetrics
 from deployments.core.priority import Priority
 from deployments.core.sequence_slots import QueueFull, SequenceSlots, SlotTimeout
 
@@ -56,17 +57,22 @@ class GenerationWorker:
         engine: Engine,
         slots: SequenceSlots,
         clock: Callable[[], float] = time.monotonic,
+        model: str = "",
+        metrics: TributaryMetrics | None = None,
     ) -> None:
         self.lm = lm
         self.engine = engine
         self.slots = slots
         self._clock = clock
+        self._model = model
+        self.metrics = metrics or TributaryMetrics()
         self.counts = {"requests": 0, "completed": 0, "client_gone": 0, "timed_out": 0}
 
     async def run(
         self, priority: Priority, job: GenerationJob, time_left_s: float | None
     ) -> AsyncIterator[Event]:
-        deadline = None if time_left_s is None else self._clock() + time_left_s
+        arrived = self._clock()
+        deadline = None if time_left_s is None else arrived + time_left_s
         self.counts["requests"] += 1
         prompt = self._prompt_ids(job)
         window = self.lm.context_window
@@ -82,6 +88,7 @@ class GenerationWorker:
             )
             return
         try:
+            self._report_sequences()
             slot = await self.slots.acquire(priority, len(prompt) + job.max_tokens, deadline)
         except QueueFull as full:
             yield GenerationRejection(
@@ -96,14 +103,22 @@ class GenerationWorker:
             self.counts["timed_out"] += 1
             yield _deadline_passed(time_left_s)
             return
+        finally:
+            self._report_sequences()
         try:
             # aclosing: when our caller closes us, the inner stream must run its cleanup
             # (cancel the sequence) now, not whenever it is garbage-collected.
-            async with aclosing(self._stream(job, prompt, deadline, time_left_s)) as events:
+            stream = self._stream(job, prompt, deadline, time_left_s, priority, arrived)
+            async with aclosing(stream) as events:
                 async for event in events:
                     yield event
         finally:
             self.slots.release(slot)
+            self._report_sequences()
+
+    def _report_sequences(self) -> None:
+        stats = self.slots.stats
+        self.metrics.sequences(self._model, stats.running, sum(stats.waiting.values()))
 
     def _prompt_ids(self, job: GenerationJob) -> list[int]:
         if job.messages is not None:
@@ -116,6 +131,8 @@ class GenerationWorker:
         prompt: list[int],
         deadline: float | None,
         time_left_s: float | None,
+        priority: Priority,
+        arrived: float,
     ) -> AsyncIterator[Event]:
         outputs: asyncio.Queue[EngineOutput] = asyncio.Queue()
         sequence_id = f"{job.request_id}-{uuid.uuid4().hex[:8]}"
@@ -123,6 +140,8 @@ class GenerationWorker:
         text = TextStream(self.lm.decode, job.stop)
         finished = False
         sent_any = False
+        output: EngineOutput | None = None
+        tokens_seen, last_token_at = 0, arrived
         self.engine.submit(sequence_id, prompt, job.max_tokens, sampling, outputs.put_nowait)
         try:
             while not finished:
@@ -139,6 +158,9 @@ class GenerationWorker:
                     output = outputs.get_nowait()
                 if output.error is not None:
                     raise RuntimeError(f"generation failed: {output.error}")
+                tokens_seen, last_token_at = self._time_tokens(
+                    priority, len(output.tokens), tokens_seen, last_token_at
+                )
                 delta = text.update(output.tokens, final=output.finished)
                 finished = output.finished or delta.stopped
                 reason = None
@@ -149,13 +171,29 @@ class GenerationWorker:
                     yield GenerationChunk(delta.text, len(prompt), len(output.tokens), reason)
             self.counts["completed"] += 1
         finally:
+            if output is not None:
+                self.metrics.output_tokens(self._model, priority.label, len(output.tokens))
             if not finished:
                 # The caller left (its generator was closed or cancelled), or it timed
                 # out: free the sequence now, not after max_tokens more steps.
                 self.engine.cancel(sequence_id)
                 self.counts["client_gone"] += sent_any
-            elif not output.finished:
+            elif output is not None and not output.finished:
                 self.engine.cancel(sequence_id)  # a stop sequence ended it early
+
+    def _time_tokens(
+        self, priority: Priority, tokens: int, seen: int, last_at: float
+    ) -> tuple[int, float]:
+        """Time to first token (from arrival, slot wait included) and the mean gap per
+        token since the last output; returns the new (tokens seen, when)."""
+        if tokens <= seen:
+            return seen, last_at
+        now = self._clock()
+        if seen == 0:
+            self.metrics.first_token(self._model, priority.label, now - last_at)
+        else:
+            self.metrics.inter_token(self._model, (now - last_at) / (tokens - seen))
+        return tokens, now
 
     def stats(self) -> dict[str, Any]:
         return {**self.counts, "slots": vars(self.slots.stats)}

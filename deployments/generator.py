@@ -33,6 +33,7 @@ from deployments.core.priority import ALL_PRIORITIES, Priority
 from deployments.core.sequence_slots import SequenceSlots, SlotLimits
 from deployments.device import assigned_device, torch_dtype
 from deployments.generation_worker import Event, GenerationWorker
+from deployments.metrics import build_metrics
 from deployments.static_engine import StaticEngine
 
 logger = logging.getLogger("ray.serve")
@@ -68,7 +69,9 @@ class Generator:
             self.engine = StaticEngine(
                 self.lm, executor, config.max_num_seqs, config.static_batch_wait_s
             )
-        self.worker = GenerationWorker(self.lm, self.engine, self.slots)
+        self.worker = GenerationWorker(
+            self.lm, self.engine, self.slots, model=config.name, metrics=build_metrics()
+        )
         self._warm_up()
         logger.info(
             "generation model %s (%s engine) ready on %s from %s, %d torch threads",

@@ -18,6 +18,8 @@ from deployments.core.metrics import SERIES
 from deployments.metrics import RAY_SERIES_CPU
 from tests.serve.conftest import AUTH, LIMITED_KEY, MODEL, RERANK_MODEL, Server
 
+LLM = "tiny-llama-demo"  # the default app's demo generation model
+
 Sample = tuple[str, dict[str, str], float]
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 EXPORT_TIMEOUT_S = 60
@@ -160,7 +162,35 @@ def test_ray_and_serve_series_the_dashboard_uses_are_exported(
     names = {n for n, _, _ in samples}
     assert sorted(RAY_SERIES_CPU - names) == []
     # Every Tributary series recorded so far came out under the name core.metrics
-    # derives (the generation and cache series have no recorder yet).
+    # derives (the cache series has no recorder yet: there is no cache).
     ours = {n for n in names if n.startswith("ray_tributary_")}
     declared = set().union(*(s.exported_names() for s in SERIES))
     assert ours and ours <= declared
+
+
+def test_generation_records_token_timings_sequences_and_output_tokens(server: Server) -> None:
+    completion = httpx.post(
+        f"{server.url}/v1/completions",
+        json={"model": LLM, "prompt": "metrics for tokens", "max_tokens": 6, "temperature": 0},
+        headers={**AUTH, "X-Priority": "realtime"},
+        timeout=60,
+    )
+    assert completion.status_code == 200
+    tokens = completion.json()["usage"]["completion_tokens"]
+    replica = {"deployment": f"generate-{LLM}", "model": LLM}
+
+    def recorded(samples: list[Sample]) -> bool:
+        return (
+            total(samples, "ray_tributary_output_tokens_total", **replica) >= tokens
+            and total(samples, "ray_tributary_inter_token_latency_seconds_count", **replica) > 0
+        )
+
+    samples = wait_for(server, recorded)
+    first = "ray_tributary_time_to_first_token_seconds_count"
+    assert total(samples, first, **replica, priority="realtime") >= 1
+    assert total(samples, "ray_tributary_output_tokens_total", **replica) >= tokens
+    assert total(samples, "ray_tributary_inter_token_latency_seconds_count", **replica) > 0
+    names = {n for n, labels, _ in samples if labels.get("model") == LLM}
+    assert {"ray_tributary_running_sequences", "ray_tributary_waiting_sequences"} <= names
+    requests = {"model": LLM, "status": "200", "priority": "realtime", "deployment": "ingress"}
+    assert total(samples, "ray_tributary_requests_total", **requests) >= 1

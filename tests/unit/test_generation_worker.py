@@ -1,4 +1,5 @@
-"""GenerationWorker with a fake engine: limits, deadlines, stop sequences, cancellation."""
+"""GenerationWorker with a fake engine: limits, deadlines, stop sequences, cancellation,
+and the generation metrics it records."""
 
 from __future__ import annotations
 
@@ -8,6 +9,15 @@ from collections.abc import Sequence
 from deployments.backends.continuous import EngineOutput, OnOutput
 from deployments.backends.sampling import SamplingParams
 from deployments.core.generation_jobs import GenerationChunk, GenerationJob, GenerationRejection
+from deployments.core.metrics import (
+    INTER_TOKEN_LATENCY,
+    OUTPUT_TOKENS,
+    RUNNING_SEQUENCES,
+    TIME_TO_FIRST_TOKEN,
+    WAITING_SEQUENCES,
+    MemoryRecorder,
+    TributaryMetrics,
+)
 from deployments.core.priority import Priority
 from deployments.core.sequence_slots import SequenceSlots, SlotLimits
 from deployments.generation_worker import GenerationWorker
@@ -121,3 +131,45 @@ async def _first_only(stream):
     async for event in stream:
         yield event
         return
+
+
+class StepClock:
+    """A clock that moves only when told: token timings come out exact."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_token_timings_sequences_and_output_tokens_are_recorded() -> None:
+    engine, clock, recorder = FakeEngine(), StepClock(), MemoryRecorder()
+    limits = SlotLimits(4, 1000, dict.fromkeys(Priority, 8))
+    generation = GenerationWorker(
+        FakeLM(),
+        engine,
+        SequenceSlots(limits, clock=clock),
+        clock=clock,
+        model="tiny",
+        metrics=TributaryMetrics(recorder),
+    )
+    job = GenerationJob("r1", max_tokens=3, prompt="a b")
+    stream = generation.run(Priority.REALTIME, job, None)
+    first = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    assert recorder.values(RUNNING_SEQUENCES, model="tiny") == [0, 1]
+    clock.now += 0.25  # the first token comes 250 ms after arrival
+    engine.step()
+    await first
+    for gap in (0.05, 0.03):  # then one token 50 ms later, one 30 ms after that
+        clock.now += gap
+        engine.step()
+        await anext(stream)
+    await stream.aclose()
+    assert recorder.values(TIME_TO_FIRST_TOKEN, model="tiny", priority="realtime") == [0.25]
+    gaps = recorder.values(INTER_TOKEN_LATENCY, model="tiny")
+    assert [round(g, 6) for g in gaps] == [0.05, 0.03]
+    assert recorder.values(OUTPUT_TOKENS, model="tiny", priority="realtime") == [3]
+    assert recorder.values(RUNNING_SEQUENCES, model="tiny")[-1] == 0
+    assert recorder.values(WAITING_SEQUENCES, model="tiny")[-1] == 0
