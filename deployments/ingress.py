@@ -26,7 +26,7 @@ from deployments.core.class_queues import Refused, loop_deadline
 from deployments.core.coalescer import DeadlineExpired
 from deployments.core.jobs import EmbedJob, EmbedRejection
 from deployments.core.metrics import TributaryMetrics
-from deployments.core.priority import ALL_PRIORITIES, Priority
+from deployments.core.priority import Priority
 from deployments.errors import (
     DeadlineExceeded,
     Forbidden,
@@ -59,6 +59,7 @@ from deployments.response import embedding_response
 from deployments.schemas import EmbeddingRequest, parse_embedding_request
 from deployments.schemas_generation import parse_generation_request
 from deployments.schemas_rerank import Dialect, parse_rerank_request
+from deployments.stats_view import batching_classes, generation_classes
 from deployments.tenants import build_access_control
 
 logger = logging.getLogger("ray.serve")
@@ -323,30 +324,18 @@ class Ingress:
         for name, replica in zip(names, replicas, strict=True):
             ingress = self._clients[name].queues.stats()
             models[name] = {
-                "classes": self._class_summary(name, ingress, replica),
+                "classes": batching_classes(self.observer, name, ingress, replica),
                 "ingress": ingress,
                 "replica": replica,
             }
         names = list(self._generators)
         infos = await asyncio.gather(*(self._generators[n].info.remote() for n in names))
-        models.update({name: {"replica": info} for name, info in zip(names, infos, strict=True)})
-        return {"models": models, "access_denied": dict(self._denied)}
-
-    def _class_summary(
-        self, model: str, ingress: dict[str, Any], replica: dict[str, Any]
-    ) -> dict[str, Any]:
-        """Per class, the figures the /status page shows: queue depth here, mean batch
-        size at the replica, recent throughput and latency of this ingress replica."""
-        return {
-            p.label: {
-                "queued_items": ingress["classes"][p.label]["queued_items"],
-                "mean_batch_size": round(
-                    replica.get("classes", {}).get(p.label, {}).get("mean_batch_size", 0.0), 2
-                ),
-                **self.observer.recent(model, p.label),
+        for name, info in zip(names, infos, strict=True):
+            models[name] = {
+                "classes": generation_classes(self.observer, name, info),
+                "replica": info,
             }
-            for p in ALL_PRIORITIES
-        }
+        return {"models": models, "access_denied": dict(self._denied)}
 
 
 def _access_error(exc: AccessDenied) -> TributaryError:

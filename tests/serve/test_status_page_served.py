@@ -105,5 +105,7 @@ def test_the_status_page_renders_live_figures_in_a_browser(server: Server, tmp_p
     assert int(batch["requests"]) >= sent
     assert float(batch["p50_ms"]) > 0 and float(batch["p99_ms"]) >= float(batch["p50_ms"])
     assert float(batch["mean_batch_size"]) >= 1
-    # Every configured model and class has its row.
-    assert {(MODEL, c) for c in ("realtime", "normal", "batch")} <= set(rows.rows)
+    # Every configured model and class has its row, the generation model's too.
+    classes = ("realtime", "normal", "batch")
+    assert {(MODEL, c) for c in classes} <= set(rows.rows)
+    assert {("tiny-llama-demo", c) for c in classes} <= set(rows.rows)
