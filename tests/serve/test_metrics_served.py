@@ -180,12 +180,15 @@ def test_generation_records_token_timings_sequences_and_output_tokens(server: Se
     replica = {"deployment": f"generate-{LLM}", "model": LLM}
 
     first = "ray_tributary_time_to_first_token_seconds_count"
+    requests = {"model": LLM, "status": "200", "priority": "realtime", "deployment": "ingress"}
 
     def recorded(samples: list[Sample]) -> bool:
         # Earlier tests' completions already count in the other series; only this one
-        # is realtime, so its first-token count says that this request was exported.
+        # is realtime, so its realtime counts say that this request was exported, by
+        # the replica and (separately, on its own schedule) by the ingress.
         return (
             total(samples, first, **replica, priority="realtime") >= 1
+            and total(samples, "ray_tributary_requests_total", **requests) >= 1
             and total(samples, "ray_tributary_output_tokens_total", **replica) >= tokens
             and total(samples, "ray_tributary_inter_token_latency_seconds_count", **replica) > 0
         )
@@ -196,5 +199,4 @@ def test_generation_records_token_timings_sequences_and_output_tokens(server: Se
     assert total(samples, "ray_tributary_inter_token_latency_seconds_count", **replica) > 0
     names = {n for n, labels, _ in samples if labels.get("model") == LLM}
     assert {"ray_tributary_running_sequences", "ray_tributary_waiting_sequences"} <= names
-    requests = {"model": LLM, "status": "200", "priority": "realtime", "deployment": "ingress"}
     assert total(samples, "ray_tributary_requests_total", **requests) >= 1
