@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 
-from deployments.http_app import ERROR_RESPONSES, json_response, read_body
+from deployments.http_app import ERROR_RESPONSES, json_request_body, json_response, read_call
 from deployments.schemas_generation import ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
@@ -37,9 +37,7 @@ def install_generation_routes(app: FastAPI, ingress: Ingress) -> None:
 
 def _route(app: FastAPI, ingress: Ingress, path: str, chat: bool, schema: type) -> None:
     async def complete(request: Request) -> Response:
-        meta = ingress.read_meta(request.headers)
-        tenant = ingress.authenticate(meta)
-        body = await read_body(request, ingress.max_body_bytes)
+        meta, tenant, body = await read_call(ingress, request)
         answer = await ingress.generate(body, meta, tenant, chat)
         if answer.events is not None:
             headers = {**answer.headers, "Cache-Control": "no-cache"}
@@ -48,12 +46,7 @@ def _route(app: FastAPI, ingress: Ingress, path: str, chat: bool, schema: type) 
 
     app.post(
         path,
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": schema.model_json_schema()}},
-            }
-        },
+        openapi_extra=json_request_body(schema),
         responses={
             200: {"description": "A completion, or server-sent events"},
             **GENERATION_ERRORS,

@@ -31,7 +31,9 @@ from deployments.schemas_rerank import (
 )
 
 if TYPE_CHECKING:
+    from deployments.core.access import Tenant
     from deployments.ingress import Ingress
+    from deployments.request_meta import RequestMeta
 
 logger = logging.getLogger("ray.serve")
 
@@ -62,37 +64,23 @@ def build_http_app(ingress: Ingress) -> FastAPI:
 
     @app.post(
         "/v1/embeddings",
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": EmbeddingRequest.model_json_schema()}},
-            }
-        },
+        openapi_extra=json_request_body(EmbeddingRequest),
         responses={200: {"model": EmbeddingResponse}, **ERROR_RESPONSES},
     )
     async def embeddings(request: Request) -> Response:
-        meta = ingress.read_meta(request.headers)
-        tenant = ingress.authenticate(meta)  # before reading a body a stranger sent
-        body = await read_body(request, ingress.max_body_bytes)
+        meta, tenant, body = await read_call(ingress, request)
         answer = await ingress.embed(body, meta, tenant)
         return json_response(answer.body, headers=answer.headers)
 
     def rerank_route(path: str, dialect: Dialect, schema: type, answer: Any) -> None:
         async def rerank(request: Request) -> Response:
-            meta = ingress.read_meta(request.headers)
-            tenant = ingress.authenticate(meta)
-            body = await read_body(request, ingress.max_body_bytes)
+            meta, tenant, body = await read_call(ingress, request)
             result = await ingress.rerank(body, meta, tenant, dialect)
             return json_response(result.body, headers=result.headers)
 
         app.post(
             path,
-            openapi_extra={
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": schema.model_json_schema()}},
-                }
-            },
+            openapi_extra=json_request_body(schema),
             responses={200: {"model": answer}, **ERROR_RESPONSES},
             name=f"rerank_{dialect}",
         )(rerank)
@@ -132,6 +120,24 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     return Response(
         to_json(body), status_code=status, media_type="application/json", headers=headers
     )
+
+
+def json_request_body(schema: type) -> dict[str, Any]:
+    """OpenAPI for a route that reads its JSON body itself (see `read_body`)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": schema.model_json_schema()}},
+        }
+    }
+
+
+async def read_call(ingress: Ingress, request: Request) -> tuple[RequestMeta, Tenant | None, bytes]:
+    """The headers, the caller (checked before reading a body a stranger sent) and the body."""
+    meta = ingress.read_meta(request.headers)
+    tenant = ingress.authenticate(meta)
+    body = await read_body(request, ingress.max_body_bytes)
+    return meta, tenant, body
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -161,10 +161,7 @@ class Ingress:
                 f"The model '{request.model}' does not exist; GET /v1/models lists them.",
                 param="model",
             )
-        note_request(model=model.name, version=model.version)
-        self._guard(lambda: self.access.authorize(tenant, model.name))
-        asked = choose_priority(meta.priority, request.priority)
-        priority = asked if tenant is None else asked.capped_at(tenant.tier)
+        priority = self._admit(model, request.priority, meta, tenant)
         job = _job_of(request, model, meta.request_id)
         outcome = await self._run(model.name, priority, job, _token_estimate(job), meta, tenant)
         return Answer(embedding_response(outcome, request), {"X-Priority": priority.label})
@@ -186,10 +183,7 @@ class Ingress:
                 "(task: rerank).",
                 param="model",
             )
-        note_request(model=model.name, version=model.version)
-        self._guard(lambda: self.access.authorize(tenant, model.name))
-        asked = choose_priority(meta.priority, query.priority)
-        priority = asked if tenant is None else asked.capped_at(tenant.tier)
+        priority = self._admit(model, query.priority, meta, tenant)
         job = rerank_job(query, model, meta.request_id)
         estimate = rerank_token_estimate(job)
         outcome = await self._run(model.name, priority, job, estimate, meta, tenant)
@@ -209,10 +203,7 @@ class Ingress:
                 "lists them (task: generation).",
                 param="model",
             )
-        note_request(model=model.name, version=model.version)
-        self._guard(lambda: self.access.authorize(tenant, model.name))
-        asked = choose_priority(meta.priority, request.priority)
-        priority = asked if tenant is None else asked.capped_at(tenant.tier)
+        priority = self._admit(model, request.priority, meta, tenant)
         note_request(priority=priority.label, items=1)
         job = build_job(request, model, meta.request_id)
         texts = job.prompt or " ".join(m["content"] for m in job.messages or [])
@@ -242,6 +233,20 @@ class Ingress:
             raise
         self.access.settle(tenant, estimate, last.prompt_tokens + last.completion_tokens)
         return Answer(reply.whole(text, last), headers)
+
+    def _admit(
+        self,
+        model: EmbeddingModelConfig | RerankModelConfig | GenerationModelConfig,
+        body_priority: str | None,
+        meta: RequestMeta,
+        tenant: Tenant | None,
+    ) -> Priority:
+        """Labels the request with its model, checks the tenant may use that model, and
+        returns its class: the one asked for (header or body), capped at the tenant's tier."""
+        note_request(model=model.name, version=model.version)
+        self._guard(lambda: self.access.authorize(tenant, model.name))
+        asked = choose_priority(meta.priority, body_priority)
+        return asked if tenant is None else asked.capped_at(tenant.tier)
 
     async def _run(
         self,
