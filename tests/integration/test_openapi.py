@@ -11,10 +11,7 @@ import httpx
 import pytest
 from openapi_spec_validator import validate
 
-from deployments.ingress import Ingress
-from tests.integration.conftest import FakeEmbedder
-from tests.integration.test_generation_route import MODEL, FakeGenerator
-from tests.integration.test_rerank_route import RERANK, FakeReranker, rerank_config
+from tests.integration.full_app import RERANK, FullApp
 
 MODEL_ROUTES = [
     "/v1/embeddings",
@@ -28,23 +25,7 @@ ERROR_STATUSES = {"400", "401", "403", "404", "413", "429", "500", "503", "504"}
 
 
 def build_app(tenants: list[dict[str, Any]] | None = None) -> Any:
-    """The ingress with every kind of model: embedding, rerank and generation."""
-    config = rerank_config()
-    config["generation_models"] = [{"name": MODEL, "source": "demo:tiny-llama"}]
-    if tenants is not None:
-        config["auth"] = {"tenants": tenants}
-
-    async def ready() -> None:
-        return None
-
-    ingress = Ingress(
-        config,
-        {"fake-embedder": FakeEmbedder()},
-        ready,
-        rerankers={RERANK: FakeReranker()},
-        generators={MODEL: FakeGenerator()},
-    )
-    return ingress.__serve_build_asgi_app__()
+    return FullApp(tenants).app
 
 
 async def fetch_document(app: Any) -> dict[str, Any]:
