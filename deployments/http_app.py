@@ -51,8 +51,8 @@ REQUEST_MODELS = (
 def build_http_app(ingress: Ingress) -> FastAPI:
     app = FastAPI(
         title="Tributary",
-        summary="Batched serving of local models: OpenAI-compatible embeddings; Cohere-, "
-        "Jina- and TEI-compatible reranking.",
+        summary="Batched serving of local models: OpenAI-compatible embeddings and "
+        "completions; Cohere-, Jina- and TEI-compatible reranking.",
         version="0.1.0",
     )
     _install_error_handlers(app)
