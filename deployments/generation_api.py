@@ -96,16 +96,16 @@ def build_job(
     model: GenerationModelConfig,
     request_id: str,
 ) -> GenerationJob:
-    max_tokens = request.max_tokens
+    max_tokens, field = request.max_tokens, "max_tokens"
     if isinstance(request, ChatCompletionRequest) and request.max_completion_tokens is not None:
-        max_tokens = request.max_completion_tokens
+        max_tokens, field = request.max_completion_tokens, "max_completion_tokens"
     if max_tokens is None:
         max_tokens = min(model.default_max_tokens, model.max_tokens_limit)
     if max_tokens > model.max_tokens_limit:
         raise InvalidRequest(
-            f"max_tokens is {max_tokens}; model '{model.name}' generates at most "
+            f"{field} is {max_tokens}; model '{model.name}' generates at most "
             f"{model.max_tokens_limit} tokens per request.",
-            param="max_tokens",
+            param=field,
             code="max_tokens_exceeded",
         )
     stop = request.stop_list()

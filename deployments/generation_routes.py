@@ -7,23 +7,20 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 
-from deployments.http_app import ERROR_RESPONSES, json_request_body, json_response, read_call
+from deployments.http_app import json_response, read_call
+from deployments.openapi_doc import error_responses, json_request_body
 from deployments.schemas_generation import ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
     from deployments.ingress import Ingress
 
+# What generation says beyond the other model routes (see openapi_doc.ERROR_MEANINGS).
 GENERATION_ERRORS = {
-    **ERROR_RESPONSES,
-    400: {
-        **ERROR_RESPONSES[400],
-        "description": "Bad input, an unsupported field (n > 1, penalties, logprobs, echo), "
-        "max_tokens over the model's limit, or prompt + max_tokens over its context window.",
-    },
-    504: {
-        **ERROR_RESPONSES[504],
-        "description": "The deadline passed before the first token.",
-    },
+    400: "Bad input (a wrong type, a value out of its range, an empty prompt, an unknown "
+    "field), an unsupported field (n > 1, penalties, logprobs, echo, best_of > 1), "
+    "max_tokens over the model's limit, or prompt + max_tokens over its context window.",
+    503: "Realtime queue full, or the model's replica is not ready or restarting.",
+    504: "The deadline passed before the first token.",
 }
 
 
@@ -44,12 +41,20 @@ def _route(app: FastAPI, ingress: Ingress, path: str, chat: bool, schema: type) 
             return StreamingResponse(answer.events, media_type="text/event-stream", headers=headers)
         return json_response(answer.body, headers=answer.headers)
 
+    max_timeout_s = ingress.config.ingress.admission.max_timeout_s
+    too_large = f"The body is over {ingress.max_body_bytes} bytes."
     app.post(
         path,
-        openapi_extra=json_request_body(schema),
+        openapi_extra=json_request_body(schema, max_timeout_s),
         responses={
-            200: {"description": "A completion, or server-sent events"},
-            **GENERATION_ERRORS,
+            200: {
+                "description": "A completion, or with `stream: true` server-sent events.",
+                "content": {
+                    "application/json": {"schema": {"type": "object"}},
+                    "text/event-stream": {"schema": {"type": "string"}},
+                },
+            },
+            **error_responses({**GENERATION_ERRORS, 413: too_large}),
         },
         name="chat_completions" if chat else "completions",
     )(complete)

@@ -20,8 +20,10 @@ from deployments.errors import (
     TributaryError,
     error_response,
 )
+from deployments.openapi_doc import error_responses, install_openapi, json_request_body
 from deployments.response import to_json
 from deployments.schemas import EmbeddingRequest, EmbeddingResponse, ErrorBody, ModelList
+from deployments.schemas_generation import ChatCompletionRequest, CompletionRequest
 from deployments.schemas_rerank import (
     Dialect,
     RerankRequest,
@@ -37,35 +39,42 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("ray.serve")
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody, "description": meaning}
-    for status, meaning in {
-        400: "Bad input: malformed JSON, a wrong type, an empty input, too long a text, "
-        "a malformed X-Priority / X-Request-Timeout / X-Request-ID header.",
-        401: "API keys are configured and the request has none or a wrong one.",
-        403: "The API key may not use this model.",
-        404: "Unknown model.",
-        413: "Body, number of inputs or of documents over the configured limit.",
-        429: "The key's rate limit, or the server sheds this priority class (Retry-After).",
-        503: "Realtime queue full or Serve back-pressure (Retry-After), or not ready.",
-        504: "The request's deadline (X-Request-Timeout or the class default) passed.",
-    }.items()
-}
+REQUEST_MODELS = (
+    EmbeddingRequest,
+    RerankRequest,
+    TeiRerankRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
 
 
 def build_http_app(ingress: Ingress) -> FastAPI:
     app = FastAPI(
         title="Tributary",
-        summary="Batched serving of local models: OpenAI-compatible embeddings; Cohere-, "
-        "Jina- and TEI-compatible reranking.",
+        summary="Batched serving of local models: OpenAI-compatible embeddings and "
+        "completions; Cohere-, Jina- and TEI-compatible reranking.",
         version="0.1.0",
     )
     _install_error_handlers(app)
+    install_openapi(app, REQUEST_MODELS, keys_required=not ingress.access.is_open)
+    config = ingress.config
+    max_timeout_s = config.ingress.admission.max_timeout_s
+    body_limit = f"The body is over {ingress.max_body_bytes} bytes"
+    max_inputs = ", ".join(f"{m.name}: {m.max_inputs}" for m in config.embedding_models)
+    max_documents = ", ".join(f"{m.name}: {m.max_documents}" for m in config.rerank_models)
 
     @app.post(
         "/v1/embeddings",
-        openapi_extra=json_request_body(EmbeddingRequest),
-        responses={200: {"model": EmbeddingResponse}, **ERROR_RESPONSES},
+        openapi_extra=json_request_body(EmbeddingRequest, max_timeout_s),
+        responses={
+            200: {"model": EmbeddingResponse},
+            **error_responses(
+                {
+                    413: f"{body_limit}, or it has more inputs than the model's max_inputs "
+                    f"({max_inputs})."
+                }
+            ),
+        },
     )
     async def embeddings(request: Request) -> Response:
         meta, tenant, body = await read_call(ingress, request)
@@ -80,8 +89,16 @@ def build_http_app(ingress: Ingress) -> FastAPI:
 
         app.post(
             path,
-            openapi_extra=json_request_body(schema),
-            responses={200: {"model": answer}, **ERROR_RESPONSES},
+            openapi_extra=json_request_body(schema, max_timeout_s),
+            responses={
+                200: {"model": answer},
+                **error_responses(
+                    {
+                        413: f"{body_limit}, or it has more documents than the model's "
+                        f"max_documents ({max_documents or 'no rerank model'})."
+                    }
+                ),
+            },
             name=f"rerank_{dialect}",
         )(rerank)
 
@@ -93,14 +110,28 @@ def build_http_app(ingress: Ingress) -> FastAPI:
 
     install_generation_routes(app, ingress)
 
-    @app.get("/v1/models", responses={200: {"model": ModelList}})
-    async def models() -> Response:
-        return json_response(ingress.list_models())
+    # HEAD where a load balancer or a probe may use it: the status of GET, no body. One
+    # route per method, so that each has its own operationId in the OpenAPI document.
+    async def models(request: Request) -> Response:
+        return json_response(ingress.list_models(), head=request.method == "HEAD")
 
-    @app.get("/healthz", responses={503: {"model": ErrorBody}})
-    async def healthz() -> Response:
-        await ingress.health()
-        return json_response({"status": "ok"})
+    async def healthz(request: Request) -> Response:
+        head = request.method == "HEAD"
+        try:
+            await ingress.health()
+        except TributaryError as exc:
+            if not head:
+                raise
+            return Response(status_code=exc.status, headers=exc.headers())
+        return json_response({"status": "ok"}, head=head)
+
+    health_responses: dict[int | str, dict[str, Any]] = {
+        200: {"description": 'Ready: `{"status": "ok"}`.'},
+        503: {"model": ErrorBody, "description": "A deployment is not ready."},
+    }
+    for route in (app.get, app.head):
+        route("/v1/models", responses={200: {"model": ModelList}})(models)
+        route("/healthz", responses=health_responses)(healthz)
 
     @app.get("/v1/stats")
     async def stats() -> Response:
@@ -116,20 +147,11 @@ def build_http_app(ingress: Ingress) -> FastAPI:
     return app
 
 
-def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(
-        to_json(body), status_code=status, media_type="application/json", headers=headers
-    )
-
-
-def json_request_body(schema: type) -> dict[str, Any]:
-    """OpenAPI for a route that reads its JSON body itself (see `read_body`)."""
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": schema.model_json_schema()}},
-        }
-    }
+def json_response(
+    body: Any, status: int = 200, headers: dict[str, str] | None = None, head: bool = False
+) -> Response:
+    content = b"" if head else to_json(body)
+    return Response(content, status_code=status, media_type="application/json", headers=headers)
 
 
 async def read_call(ingress: Ingress, request: Request) -> tuple[RequestMeta, Tenant | None, bytes]:

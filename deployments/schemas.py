@@ -2,13 +2,34 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from deployments.errors import InvalidRequest
 
-TokenIds = list[StrictInt]
+# Bounds that hold whatever the model. A field whose real limit is the model's (the vector
+# size, max_tokens_limit, max_documents) is checked after parsing, by a message naming that
+# limit; the bound here only keeps every value representable downstream (int32 tensors).
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+# Strict: a bool is never a number and a string never a number (pydantic's lax mode turns
+# "8" into 8 and true into 1). An integer is a valid float; NaN and infinities (JSON's
+# `1e999` parses to inf) are not.
+Count = Annotated[StrictInt, Field(ge=1, le=INT32_MAX)]
+Number = Annotated[StrictFloat, Field(allow_inf_nan=False)]
+NonEmptyStr = Annotated[StrictStr, Field(min_length=1)]
+TokenId = Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
 class ApiModel(BaseModel):
@@ -19,20 +40,26 @@ class ApiModel(BaseModel):
 
 class EmbeddingRequest(ApiModel):
     model: StrictStr = Field(..., description="A model name from GET /v1/models.")
-    input: StrictStr | list[StrictStr] | TokenIds | list[TokenIds] = Field(
+    input: (
+        NonEmptyStr
+        | Annotated[list[NonEmptyStr], Field(min_length=1)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1)]
+    ) = Field(
         ...,
-        description="A text, a list of texts, one list of token ids, or a list of them. "
-        "Token ids are the model's own vocabulary, without special tokens.",
+        description="A text, a list of texts, one list of token ids, or a list of them; "
+        "nothing empty. Token ids are the model's own vocabulary, without special tokens. "
+        "At most the model's `max_inputs` inputs (413).",
     )
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="`base64`: little-endian float32 bytes, base64-encoded."
     )
-    dimensions: int | None = Field(
+    dimensions: Count | None = Field(
         None,
-        ge=1,
-        description="Keep the first N components and re-normalise to unit length.",
+        description="Keep the first N components and re-normalise to unit length; at most "
+        "the model's own size (400).",
     )
-    user: str | None = Field(None, description="Accepted for OpenAI compatibility; unused.")
+    user: StrictStr | None = Field(None, description="Accepted for OpenAI compatibility; unused.")
     priority: Literal["realtime", "normal", "batch"] | None = Field(
         None,
         description="Priority class (same as the X-Priority header); capped by the API "
@@ -87,8 +114,8 @@ class ErrorBody(ApiModel):
 
 
 INPUT_SHAPE = (
-    "'input' must be a non-empty string, a non-empty array of strings, an array of "
-    "token ids, or an array of token-id arrays"
+    "'input' must be a non-empty string, a non-empty array of non-empty strings, a "
+    f"non-empty array of token ids (integers 0 to {INT32_MAX}), or a non-empty array of them"
 )
 
 
@@ -113,10 +140,30 @@ def _as_invalid_request(
     if kind == "model_type":
         return InvalidRequest("The body must be a JSON object.")
     field = str(first["loc"][0]) if first["loc"] else None
+    if kind in ("string_too_short", "too_short") and first["ctx"].get("min_length") == 1:
+        return InvalidRequest(f"'{field}' must not be empty.", param=field)
     if field in shapes and kind != "missing":
         return InvalidRequest(shapes[field], param=field)
     if kind == "missing":
         return InvalidRequest(f"Missing required parameter '{field}'.", param=field)
     if kind == "extra_forbidden":
         return InvalidRequest(f"Unrecognized request argument '{field}'.", param=field)
-    return InvalidRequest(f"Invalid '{field}': {first['msg']}.", param=field)
+    return InvalidRequest(f"Invalid '{_path(first['loc'])}': {first['msg']}.", param=field)
+
+
+# The names pydantic gives the branches of a union in an error's location.
+_BRANCH_TAGS = {"str", "int", "float", "bool"}
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    """`stream_options.include_usage`, `messages[0].name`: where in the body, as OpenAI
+    writes it, up to the first union branch tag."""
+    path = str(loc[0])
+    for part in loc[1:]:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part.isidentifier() and part not in _BRANCH_TAGS:
+            path += f".{part}"
+        else:
+            break
+    return path

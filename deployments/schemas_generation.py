@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, Field, StrictStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
 
 from deployments.errors import InvalidRequest
-from deployments.schemas import ApiModel, _as_invalid_request
+from deployments.schemas import (
+    INT64_MAX,
+    INT64_MIN,
+    ApiModel,
+    Count,
+    NonEmptyStr,
+    Number,
+    _as_invalid_request,
+)
 
 
 class TextPart(ApiModel):
@@ -18,7 +34,7 @@ class TextPart(ApiModel):
 class ChatMessage(ApiModel):
     role: Literal["system", "user", "assistant", "developer"]
     content: StrictStr | list[TextPart]
-    name: str | None = None
+    name: StrictStr | None = None
 
     def text(self) -> str:
         if isinstance(self.content, str):
@@ -27,7 +43,7 @@ class ChatMessage(ApiModel):
 
 
 class StreamOptions(ApiModel):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class SamplingFields(ApiModel):
@@ -35,29 +51,36 @@ class SamplingFields(ApiModel):
     accepted only at their neutral value, so a client never gets silent misbehaviour."""
 
     model: StrictStr = Field(..., description="A generation model from GET /v1/models.")
-    max_tokens: int | None = Field(
-        None, ge=1, description="Most tokens to generate; default and limit per model."
-    )
-    temperature: float = Field(1.0, ge=0, le=2, description="0 = greedy decoding.")
-    top_p: float = Field(1.0, gt=0, le=1)
-    seed: int | None = Field(
+    max_tokens: Count | None = Field(
         None,
-        description="Makes sampling repeatable: same seed, prompt and parameters, "
-        "same text (on the same engine).",
+        description="Most tokens to generate; default and limit per model (over the "
+        "limit: 400 `max_tokens_exceeded` naming it).",
+    )
+    temperature: Number = Field(1.0, ge=0, le=2, description="0 = greedy decoding.")
+    top_p: Number = Field(1.0, gt=0, le=1, description="Nucleus sampling mass, in (0, 1].")
+    seed: StrictInt | None = Field(
+        None,
+        ge=INT64_MIN,
+        le=INT64_MAX,
+        description="A signed 64-bit integer. Makes sampling repeatable: same seed, prompt "
+        "and parameters, same text (on the same engine).",
     )
     stop: StrictStr | list[StrictStr] | None = Field(
         None, description="Up to 4 strings; generation ends before the first one."
     )
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, description="Only 1 is supported.")
-    user: str | None = Field(None, description="Accepted for compatibility; unused.")
+    n: StrictInt = Field(1, ge=1, le=128, description="Only 1 is supported.")
+    user: StrictStr | None = Field(None, description="Accepted for compatibility; unused.")
     priority: Literal["realtime", "normal", "batch"] | None = Field(
         None, description="Priority class (as the X-Priority header), capped by the key's tier."
     )
-    presence_penalty: float = Field(0.0, description="Only 0 is supported.")
-    frequency_penalty: float = Field(0.0, description="Only 0 is supported.")
-    logprobs: Any = Field(None, description="Not supported: null or false only.")
+    presence_penalty: Number = Field(0.0, ge=-2, le=2, description="Only 0 is supported.")
+    frequency_penalty: Number = Field(0.0, ge=-2, le=2, description="Only 0 is supported.")
+    # Chat's is a boolean, text completion's an integer (how many alternatives per token).
+    logprobs: StrictBool | StrictInt | None = Field(
+        None, description="Not supported: null or false only."
+    )
 
     @model_validator(mode="after")
     def _supported(self) -> SamplingFields:
@@ -66,7 +89,8 @@ class SamplingFields(ApiModel):
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) != 0:
                 raise _Unsupported(name, f"'{name}' is not supported; leave it at 0.")
-        if self.logprobs not in (None, False):
+        # `is`, not `in`: 0 == False in Python, and logprobs=0 still asks for logprobs.
+        if self.logprobs is not None and self.logprobs is not False:
             raise _Unsupported("logprobs", "'logprobs' is not supported.")
         if self.stream_options is not None and not self.stream:
             raise _Unsupported("stream_options", "'stream_options' needs 'stream': true.")
@@ -84,13 +108,19 @@ class SamplingFields(ApiModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1, description="Same as max_tokens.")
+    max_completion_tokens: Count | None = Field(
+        None, description="Same as max_tokens, and wins over it."
+    )
 
 
 class CompletionRequest(SamplingFields):
-    prompt: StrictStr | list[StrictStr] = Field(..., description="One prompt.")
-    echo: bool = Field(False, description="Only false is supported.")
-    best_of: int = Field(1, description="Only 1 is supported.")
+    prompt: NonEmptyStr | list[NonEmptyStr] = Field(
+        ...,
+        description="One prompt, not empty (whitespace is a valid prompt): a string or a "
+        "one-element array.",
+    )
+    echo: StrictBool = Field(False, description="Only false is supported.")
+    best_of: StrictInt = Field(1, ge=1, le=20, description="Only 1 is supported.")
 
     @model_validator(mode="after")
     def _one_prompt(self) -> CompletionRequest:
@@ -130,7 +160,7 @@ def parse_generation_request(body: bytes, chat: bool) -> ChatCompletionRequest |
             raise InvalidRequest(cause.message, param=cause.param, code="unsupported") from None
         shapes = {
             "stop": "'stop' must be a string or an array of strings",
-            "prompt": "'prompt' must be a string",
+            "prompt": "'prompt' must be a non-empty string or a one-element array of one",
             "messages": "'messages' must be a non-empty array of {role, content} objects, "
             "role one of system, user, assistant, developer, content a string",
         }

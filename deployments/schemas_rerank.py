@@ -13,11 +13,13 @@ from typing import Literal
 from pydantic import Field, StrictBool, StrictStr, ValidationError
 
 from deployments.errors import InvalidRequest
-from deployments.schemas import ApiModel, _as_invalid_request
+from deployments.schemas import ApiModel, Count, NonEmptyStr, _as_invalid_request
 
 Dialect = Literal["v1", "v2", "tei"]
 PriorityField = Literal["realtime", "normal", "batch"] | None
 
+# An empty document is legal: it is one candidate among others and ranks by its score
+# (search results do contain empty passages); only an empty list is refused.
 DOCUMENTS_SHAPE = (
     "'documents' must be a non-empty array of strings or of {\"text\": string} objects"
 )
@@ -32,18 +34,25 @@ class RerankRequest(ApiModel):
     """Cohere's (v1, v2) and Jina's rerank request."""
 
     model: StrictStr = Field(..., description="A rerank model name from GET /v1/models.")
-    query: StrictStr = Field(..., description="The search query.")
+    query: NonEmptyStr = Field(..., description="The search query; not blank.")
     documents: list[StrictStr | TextDocument] = Field(
-        ..., description='The documents to rank: strings or {"text": ...} objects.'
+        ...,
+        min_length=1,
+        description='The documents to rank: strings or {"text": ...} objects. At most the '
+        "model's `max_documents` (413).",
     )
-    top_n: int | None = Field(None, ge=1, description="Return only the N best documents.")
+    top_n: Count | None = Field(
+        None, description="Return only the N best documents (all when N exceeds them)."
+    )
     return_documents: StrictBool | None = Field(
         None,
         description="Include each document's text in its result. Default: true on "
         "/v1/rerank (Jina's default), false on /v2/rerank (Cohere's).",
     )
-    max_tokens_per_doc: int | None = Field(
-        None, ge=1, description="Score at most this many tokens of each document."
+    max_tokens_per_doc: Count | None = Field(
+        None,
+        description="Score at most this many tokens of each document; can only lower the "
+        "model's own limit.",
     )
     raw_scores: StrictBool = Field(
         False,
@@ -56,8 +65,10 @@ class RerankRequest(ApiModel):
 class TeiRerankRequest(ApiModel):
     """Hugging Face text-embeddings-inference's rerank request."""
 
-    query: StrictStr
-    texts: list[StrictStr]
+    query: NonEmptyStr = Field(..., description="The search query; not blank.")
+    texts: list[StrictStr] = Field(
+        ..., min_length=1, description="The texts to rank; at most the model's `max_documents`."
+    )
     raw_scores: StrictBool = Field(False, description="Raw model scores, not [0, 1].")
     return_text: StrictBool = Field(False, description="Include each text in its result.")
     truncate: StrictBool | None = Field(

@@ -17,8 +17,10 @@ async def test_a_request_is_counted_with_its_model_version_class_and_status(
 ) -> None:
     assert (await post(client, 3, "realtime")).status_code == 200
     assert (await post(client, 1, "urgent")).status_code == 400  # bad X-Priority header
-    bad = await client.post("/v1/embeddings", json={"model": MODEL, "input": []})
-    assert bad.status_code == 400
+    # Too many inputs: found only once the model is known (an empty input is refused by the
+    # schema, before the body names a model the ingress has looked up).
+    bad = await client.post("/v1/embeddings", json={"model": MODEL, "input": ["a"] * 11})
+    assert bad.status_code == 413
     unknown = await client.post("/v1/embeddings", json={"model": "nope", "input": "a"})
     assert unknown.status_code == 404
     recorder = harness.recorder
@@ -26,7 +28,7 @@ async def test_a_request_is_counted_with_its_model_version_class_and_status(
     assert recorder.values(REQUESTS, **ok) == [1]
     # A bad header fails before the route's method runs: not an API request yet.
     # Bad input for a known model keeps its model; an unknown name is never a label.
-    assert recorder.values(REQUESTS, model=MODEL, priority="unknown", status="400") == [1]
+    assert recorder.values(REQUESTS, model=MODEL, priority="unknown", status="413") == [1]
     assert recorder.values(REQUESTS, model="unknown", status="404") == [1]
     (latency,) = recorder.values(REQUEST_LATENCY, model=MODEL, priority="realtime")
     assert 0 < latency < 5

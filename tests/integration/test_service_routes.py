@@ -43,5 +43,19 @@ async def test_stats_report_coalescing_and_replica_counters(
 async def test_openapi_documents_the_request_schema(client: httpx.AsyncClient) -> None:
     spec = (await client.get("/openapi.json")).json()
     body = spec["paths"]["/v1/embeddings"]["post"]["requestBody"]
-    schema = body["content"]["application/json"]["schema"]
+    ref = body["content"]["application/json"]["schema"]["$ref"]
+    schema = spec["components"]["schemas"][ref.removeprefix("#/components/schemas/")]
     assert {"model", "input"} <= set(schema["required"])
+
+
+async def test_head_on_health_and_models_answers_like_get_without_a_body(
+    client: httpx.AsyncClient, harness: Harness
+) -> None:
+    for path in ("/healthz", "/v1/models"):
+        response = await client.head(path)
+        assert response.status_code == 200, path
+        assert response.content == b""
+    harness.problem = "Deployment tributary/embed is UPDATING."
+    response = await client.head("/healthz")
+    assert response.status_code == 503 and response.content == b""
+    assert (await client.get("/healthz")).status_code == 503
