@@ -120,7 +120,11 @@ def main(argv: list[str]) -> None:
 
 
 def _port_is_free(port: int) -> bool:
+    """Whether Ray's metrics server could bind the port now. It binds as every HTTP server
+    does, with SO_REUSEADDR, so a probe without it would count the TIME_WAIT connections a
+    just-stopped run leaves for a minute as "in use"; with it, only a listener blocks."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("", port))
         except OSError:

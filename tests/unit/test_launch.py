@@ -85,3 +85,37 @@ def test_the_wrapper_refuses_to_guess_the_real_binary() -> None:
         [str(launch.NOSPLICE_WRAPPER), "-v"], env=environment, capture_output=True, text=True
     )
     assert result.returncode != 0 and "TRIBUTARY_HAPROXY_BINARY" in result.stderr
+
+
+def _time_wait_port() -> int:
+    """A port whose only trace is a TIME_WAIT connection: the server side closed first, as
+    a metrics server does after answering a scrape. Like every HTTP server (Ray's metrics
+    one included), it sets SO_REUSEADDR, which its connections inherit."""
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    server.close()
+    accepted.close()  # the active close: this side's socket goes to TIME_WAIT
+    client.recv(1)  # sees the FIN
+    client.close()
+    return port
+
+
+def test_a_port_left_in_time_wait_by_a_stopped_run_is_free() -> None:
+    port = _time_wait_port()
+    # What the old probe did, a bind without SO_REUSEADDR, is refused by TIME_WAIT.
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("", port))
+    assert launch._port_is_free(port)
+
+
+def test_a_port_with_a_listener_is_taken() -> None:
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("", 0))
+        holder.listen()
+        assert not launch._port_is_free(holder.getsockname()[1])
