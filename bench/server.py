@@ -65,11 +65,14 @@ def running_server(
     workdir: Path,
     mode: str | None = None,
     startup_timeout_s: float = 240,
+    metrics_port: int | None = None,
 ) -> Iterator[Server]:
     """Serves `config` on a free port; on exit stops it like Ctrl-C and raises if any
-    process it started outlives that."""
+    process it started outlives that. Ray's metrics go to `metrics_port` (a restart test
+    reuses one), else to a free port."""
     config = {**config, "http_options": {**config.get("http_options", {}), "port": free_port()}}
-    metrics_port = free_port()  # never 8080: a `make serve` may be running beside us
+    if metrics_port is None:
+        metrics_port = free_port()  # never 8080: a `make serve` may be running beside us
     config_path = workdir / "serve_config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     log = workdir / "serve.log"

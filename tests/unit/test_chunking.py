@@ -1,6 +1,6 @@
 import pytest
 
-from deployments.core.chunking import chunk_spans, combine_scores
+from deployments.core.chunking import chunk_count, chunk_spans, combine_scores
 
 
 def test_a_short_text_is_one_chunk() -> None:
@@ -37,3 +37,11 @@ def test_combine_scores() -> None:
     assert combine_scores([0.1, 0.9], "first") == 0.1
     with pytest.raises(ValueError):
         combine_scores([])
+
+
+def test_chunk_count_is_the_number_of_spans() -> None:
+    for length in range(0, 120, 7):
+        for size in (1, 5, 16, 254):
+            for overlap in (0, 3, 32, 300):
+                expected = len(chunk_spans(length, size, overlap))
+                assert chunk_count(length, size, overlap) == expected, (length, size, overlap)

@@ -80,3 +80,32 @@ def test_cross_encoder_loads_a_saved_checkpoint(tmp_path: Path) -> None:
     # Batched scores equal one-at-a-time scores: padding does not leak into a pair.
     alone = scorer.score([(query, doc)])
     assert np.allclose(raw[0], alone[0], atol=1e-5)
+
+
+def test_chunk_pass_estimate_follows_window_caps_and_truncation() -> None:
+    from deployments.config import RerankModelConfig
+    from deployments.core.rerank_jobs import RerankJob
+    from deployments.rerank_api import estimated_chunk_passes
+
+    def model(backend: str) -> RerankModelConfig:
+        return RerankModelConfig(
+            name="m",
+            source="x",
+            backend=backend,  # type: ignore[arg-type]
+            window_tokens=103,
+            chunk_overlap_tokens=0,
+            max_tokens_per_doc=1000,
+        )
+
+    doc = "abcd" * 400  # ~400 tokens
+    query = "wxyz" * 20  # ~20 tokens
+    # Bi-encoder: 101 tokens of document a pass; cross-encoder: 103 - 3 - 20 = 80.
+    assert estimated_chunk_passes(RerankJob(query, [doc, "a"]), model("bi-encoder")) == 4 + 1
+    assert estimated_chunk_passes(RerankJob(query, [doc]), model("cross-encoder")) == 5
+    capped = RerankJob(query, [doc], max_tokens_per_doc=80)
+    assert estimated_chunk_passes(capped, model("cross-encoder")) == 1
+    first = RerankJob(query, [doc, doc], first_chunk_only=True)
+    assert estimated_chunk_passes(first, model("cross-encoder")) == 2
+    # A huge query keeps at most half the window, as the backends cut it.
+    long_query = RerankJob("wxyz" * 1000, [doc])
+    assert estimated_chunk_passes(long_query, model("cross-encoder")) == 8  # 400 / 50

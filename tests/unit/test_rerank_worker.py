@@ -115,3 +115,24 @@ async def test_expired_job_sends_nothing() -> None:
         [RerankJob("q", ["a"])], [JobState("r", 0.0)], BatchBudget(8, 64), run_item
     )
     assert isinstance(outcome, EmbedRejection) and outcome.status == 504
+
+
+async def test_over_max_chunk_passes_is_refused_before_scoring() -> None:
+    # 9 tokens of room beside the query, 2 shared: FILLER (40 words) is 6 chunks.
+    job = RerankJob("paris", [FILLER, "paris"], documents_param="texts")
+    outcome, seen = await rerank(job, config(max_chunk_passes=6))
+    assert isinstance(outcome, EmbedRejection) and not seen
+    assert outcome.status == 413 and outcome.param == "texts"
+    assert outcome.code == "payload_too_large"
+    assert "needs 7 chunk passes" in outcome.message and "max_chunk_passes" in outcome.message
+    allowed, _ = await rerank(job, config(max_chunk_passes=7))
+    assert isinstance(allowed, RerankResult) and sum(allowed.chunks) == 7
+    # Truncation scores one chunk a document, so it fits.
+    first = RerankJob("paris", [FILLER, "paris"], first_chunk_only=True)
+    truncated, seen = await rerank(first, config(max_chunk_passes=2))
+    assert isinstance(truncated, RerankResult) and len(seen) == 2
+
+
+def test_a_jobs_size_is_its_chunk_passes() -> None:
+    assert len(RerankJob("q", ["a", "b"])) == 2
+    assert len(RerankJob("q", ["a", "b"], chunk_passes=30)) == 30

@@ -1,0 +1,46 @@
+"""`make serve` right after a stopped one comes up on the same metrics port (issue 12, 8).
+
+The stopped run's metrics server leaves its closed connections in TIME_WAIT for a minute;
+the launcher's check that the port is free once took them for a listener and refused to
+start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from bench.server import free_port, load_config, running_server
+
+TIME_WAIT = "06"  # the state column of /proc/net/tcp
+
+
+def time_wait_on(port: int) -> bool:
+    """Whether a connection of this local port is in TIME_WAIT (IPv4 or IPv6)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == TIME_WAIT:
+                return True
+    return False
+
+
+def scrape(url: str) -> str:
+    response = httpx.get(url, timeout=30)
+    assert response.status_code == 200
+    return response.text
+
+
+def test_two_back_to_back_starts_on_one_metrics_port(tmp_path: Path) -> None:
+    port = free_port()
+    config = load_config()  # the default app, as `make serve` runs it
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    with running_server(config, tmp_path / "first", metrics_port=port) as first:
+        # Ray's metrics server closes each scrape's connection itself: TIME_WAIT on its side.
+        assert "ray_" in scrape(first.metrics_url)
+    assert time_wait_on(port), "the condition under test did not arise"
+    with running_server(config, tmp_path / "second", metrics_port=port) as second:
+        assert second.metrics_port == port
+        assert "ray_" in scrape(second.metrics_url)
+        assert httpx.get(f"{second.url}/healthz", timeout=10).status_code == 200
