@@ -128,20 +128,20 @@ def test_cross_encoder_is_served_from_its_saved_checkpoint(
 
 
 def test_chunk_passes_over_the_limit_are_413_before_any_scoring(server: Server) -> None:
-    # 4 x LONG_IRRELEVANT: ~36 windows of MiniLM each, over the default app's 128.
+    # 8 x LONG_IRRELEVANT: ~36 windows of MiniLM each, over the default app's 256.
     response = httpx.post(
         f"{server.url}/v2/rerank",
-        json={"model": RERANK_MODEL, "query": QUERY, "documents": [LONG_IRRELEVANT] * 4},
+        json={"model": RERANK_MODEL, "query": QUERY, "documents": [LONG_IRRELEVANT] * 8},
         headers=AUTH,
         timeout=30,
     )
     assert response.status_code == 413, response.text
     error = response.json()["error"]
     assert error["param"] == "documents" and "max_chunk_passes" in error["message"]
-    # Truncated to each document's first window, the same request is 4 passes.
+    # Truncated to each document's first window, the same request is 8 passes.
     truncated = httpx.post(
         f"{server.url}/rerank",
-        json={"query": QUERY, "texts": [LONG_IRRELEVANT] * 4, "truncate": True},
+        json={"query": QUERY, "texts": [LONG_IRRELEVANT] * 8, "truncate": True},
         headers=AUTH,
         timeout=60,
     )
