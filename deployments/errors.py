@@ -16,6 +16,8 @@ class TributaryError(Exception):
     status: int = 500
     error_type: str = "server_error"
     default_code: str | None = None
+    # A refusal the client should retry carries Retry-After even where the raiser gave none.
+    default_retry_after_s: float | None = None
 
     def __init__(
         self,
@@ -32,7 +34,9 @@ class TributaryError(Exception):
         self.message = message
         self.param = param
         self.code = code or self.default_code
-        self.retry_after_s = retry_after_s
+        self.retry_after_s = (
+            retry_after_s if retry_after_s is not None else self.default_retry_after_s
+        )
 
     def body(self) -> dict[str, dict[str, str | None]]:
         return {
@@ -115,12 +119,14 @@ class Overloaded(TributaryError):
     status = 503
     error_type = "overloaded_error"
     default_code = "server_overloaded"
+    default_retry_after_s = 1
 
 
 class NotReady(TributaryError):
     status = 503
     error_type = "server_error"
     default_code = "not_ready"
+    default_retry_after_s = 2
 
 
 class InternalError(TributaryError):

@@ -39,8 +39,9 @@ from deployments.schemas_generation import ChatCompletionRequest, CompletionRequ
 
 logger = logging.getLogger("ray.serve")
 
-# How long past its deadline the ingress waits for the replica to say 504 itself.
-DEADLINE_GRACE_S = 2.0
+# How long past its deadline the ingress waits for the replica to say 504 itself; short,
+# because a replica that died says nothing and the client's deadline has passed already.
+DEADLINE_GRACE_S = 0.5
 
 
 class GenerationCall:
