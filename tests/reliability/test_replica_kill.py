@@ -16,7 +16,7 @@ from bench.server import Server
 from tests.reliability import report
 from tests.reliability.conftest import wait_for_generation
 from tests.reliability.procs import owned
-from tests.reliability.replica_kill import KillRun, closed_loop, poll_health
+from tests.reliability.replica_kill import Answer, KillRun, closed_loop, poll_health
 from tests.reliability.settings import sizes
 from tests.reliability.shapes import histogram
 
@@ -84,14 +84,8 @@ async def test_killed_replica_refuses_fast_and_recovers(
             "refusals_without_retry_after": len(no_retry),
             "failures": [
                 *(f"answered {a.status} after {a.seconds:.1f}s" for a in late[:5]),
-                *(
-                    f"status {a.status} {a.done - run.killed_at:.1f}s after the kill"
-                    for a in unexpected[:5]
-                ),
-                *(
-                    f"{a.status} without Retry-After {a.done - run.killed_at:.1f}s after the kill"
-                    for a in no_retry[:5]
-                ),
+                *(_describe("unexpected status", a, run) for a in unexpected[:5]),
+                *(_describe("no Retry-After", a, run) for a in no_retry[:5]),
             ],
         },
     )
@@ -109,6 +103,11 @@ async def watch_recovery(run: KillRun) -> None:
         if run.since_kill() > 5 and run.recovered(RECOVERED_STREAK):
             return
         await asyncio.sleep(0.5)
+
+
+def _describe(what: str, answer: Answer, run: KillRun) -> str:
+    after = answer.done - run.killed_at
+    return f"{what}: {answer.status} {after:.1f}s after the kill: {answer.body!r}"
 
 
 def _round(value: float | None) -> float | None:
