@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from bench.loadgen import embedding_bodies, run_closed_loop
-from bench.open_loop import run_open_loop
+from bench.open_loop import OpenLoopResult, run_open_loop
 from bench.server import Server
 from bench.texts import sentences
 from tests.reliability import report
@@ -28,6 +28,8 @@ ALLOWED = {200, 429, 503}
 REQUEST_TIMEOUT_S = 90
 RSS_GROWTH_LIMIT_MIB = 256  # generous: a leak under 2x load grows without bound
 SETTLE_S = 5
+# Unloaded, an embedding answers in tens of ms; a median over this means requests queued.
+SATURATED_P50_MS = 1000
 
 
 def watched_processes(server: Server, embedder: str) -> dict[str, int]:
@@ -50,7 +52,25 @@ def rss(processes: dict[str, int]) -> dict[str, float | None]:
     }
 
 
-@pytest.mark.timeout(int(SIZES.overload_s + SIZES.calibrate_s + 300))
+async def overload(server: Server, path: str, bodies: list[bytes], rate: float) -> OpenLoopResult:
+    return await run_open_loop(
+        "127.0.0.1",
+        server.port,
+        path,
+        bodies,
+        rate,
+        SIZES.overload_s,
+        warmup_s=0,
+        request_timeout_s=REQUEST_TIMEOUT_S,
+    )
+
+
+def saturated(result: OpenLoopResult) -> bool:
+    """The server could not keep up: it refused some requests or a queue built up."""
+    return result.non_ok_total > 0 or result.p50_ms > SATURATED_P50_MS
+
+
+@pytest.mark.timeout(int(2 * SIZES.overload_s + SIZES.calibrate_s + 300))
 async def test_twice_capacity_sheds_cleanly_and_keeps_memory_flat(
     server: Server, models: dict[str, list[str]]
 ) -> None:
@@ -73,16 +93,13 @@ async def test_twice_capacity_sheds_cleanly_and_keeps_memory_flat(
     processes = watched_processes(server, embedder)
     before = rss(processes)
     started = time.monotonic()
-    result = await run_open_loop(
-        "127.0.0.1",
-        server.port,
-        path,
-        bodies,
-        2 * capacity,
-        SIZES.overload_s,
-        warmup_s=0,
-        request_timeout_s=REQUEST_TIMEOUT_S,
-    )
+    factor = 2
+    result = await overload(server, path, bodies, factor * capacity)
+    if not saturated(result):
+        # The calibration ran on a machine busier than it is now: the server kept up, so
+        # nothing was proven. Once more, harder.
+        factor = 4
+        result = await overload(server, path, bodies, factor * capacity)
     seconds = time.monotonic() - started
     await asyncio.sleep(SETTLE_S)  # the queues drain and the garbage collector runs
     after = rss(processes)
@@ -96,7 +113,8 @@ async def test_twice_capacity_sheds_cleanly_and_keeps_memory_flat(
         "overload_2x",
         {
             "capacity_req_per_s": round(capacity, 1),
-            "offered_req_per_s": round(2 * capacity, 1),
+            "offered_req_per_s": round(factor * capacity, 1),
+            "saturated": saturated(result),
             "overload_s": SIZES.overload_s,
             "run_seconds": round(seconds, 1),
             "requests": sum(result.all_status_counts.values()) + result.no_answer_total,
@@ -112,6 +130,7 @@ async def test_twice_capacity_sheds_cleanly_and_keeps_memory_flat(
             "failures": [] if result.first_error is None else [result.first_error],
         },
     )
+    assert saturated(result), f"{factor}x the measured capacity never saturated the server"
     unexpected = {s: n for s, n in result.all_status_counts.items() if s not in ALLOWED}
     assert not unexpected, f"statuses other than 200/429/503: {unexpected}; {result.first_error}"
     assert result.no_answer_total == 0, f"{result.no_answer_total} requests got no answer"
