@@ -24,7 +24,11 @@ class Hostile:
     method: str = "POST"
     headers: dict[str, str] = field(default_factory=dict)
     allowed: frozenset[int] = CLIENT_ERROR
-    raw: bytes | None = None  # sent as is on a socket: malformed HTTP
+    # Sent as is on a socket: malformed HTTP, which HAProxy's parser refuses before any
+    # request exists. HAProxy 2.8 (the one Ray bundles) answers those with its built-in
+    # HTML 400, not an errorfile (docs/operations.md, "The front door"): the status is
+    # checked, the shape only reported.
+    raw: bytes | None = None
 
     @property
     def is_generation(self) -> bool:
@@ -260,7 +264,7 @@ def http_cases(embedder: str) -> list[Hostile]:
 
 
 def _malformed_http(ok_body: bytes) -> list[Hostile]:
-    """Requests HAProxy sees before the app does."""
+    """Requests HAProxy sees before the app does: each must get a 400."""
 
     def request(head: str, body: bytes = b"") -> bytes:
         return head.replace("\n", "\r\n").encode() + b"\r\n" + body

@@ -44,6 +44,8 @@ async def send(client: httpx.AsyncClient, server: Server, case: Hostile) -> tupl
 
 
 def check(case: Hostile, status: int, body: bytes) -> str | None:
+    if case.raw is not None:
+        return None if status == 400 else f"{status} (allowed 400): {body[:160]!r}"
     if status not in case.allowed:
         return f"{status} (allowed {_ranges(case.allowed)}): {body[:160]!r}"
     if case.method == "HEAD":
@@ -70,6 +72,7 @@ async def test_hostile_inputs_leave_a_concurrent_stream_intact(
     cases = corpus(models)
     statuses: list[int] = []
     failures: list[str] = []
+    front_door_html: list[str] = []  # malformed HTTP answered outside the JSON shape
     streams: list[StreamOutcome] = []
     stop = asyncio.Event()
     started = time.monotonic()
@@ -92,6 +95,8 @@ async def test_hostile_inputs_leave_a_concurrent_stream_intact(
                 failures.append(f"{case.name}: connection failed: {type(exc).__name__} {exc}")
                 continue
             statuses.append(status)
+            if case.raw is not None and error_shape_problem(body) is not None:
+                front_door_html.append(case.name)
             problem = check(case, status, body)
             if problem is not None:
                 failures.append(f"{case.name}: {problem}")
@@ -104,6 +109,7 @@ async def test_hostile_inputs_leave_a_concurrent_stream_intact(
         {
             "cases": len(cases),
             "status_histogram": histogram(statuses),
+            "front_door_non_json_400": front_door_html,
             "streams": len(streams),
             "streams_intact": len(streams) - len(broken),
             "stream_seconds": [round(s.seconds, 1) for s in streams],
