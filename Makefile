@@ -10,7 +10,7 @@ METRICS_PORT ?= 8080
 export RAY_USAGE_STATS_ENABLED := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install browser serve test lint bench clean
+.PHONY: install browser serve test lint bench reliability clean
 
 install: $(STAMP)
 
@@ -35,6 +35,14 @@ browser:
 
 test: lint browser
 	$(BIN)/python -m pytest
+
+# The release run of the reliability suite (docs/reliability.md): >= 10,000 fuzzed
+# requests and RELIABILITY_OVERLOAD_S seconds at twice capacity (600 for the full run).
+# `make test` runs the same tests in their bounded form.
+RELIABILITY_OVERLOAD_S ?= 180
+reliability: install
+	RELIABILITY_FULL=1 RELIABILITY_OVERLOAD_S=$(RELIABILITY_OVERLOAD_S) \
+		$(BIN)/python -m pytest tests/reliability -p no:cacheprovider
 
 bench: install
 	$(BIN)/python -m bench.run $(BENCH_ARGS)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from bench.loadgen import LoadResult, _encode_requests, _read_response, _State
+from bench.loadgen import RETRY_STATUSES, LoadResult, _encode_requests, _read_response, _State
 
 _CONNECTION_ERRORS = (
     OSError,  # TimeoutError too
@@ -29,6 +29,11 @@ _CONNECTION_ERRORS = (
 class OpenLoopResult(LoadResult):
     non_ok_total: int = 0  # non-200 answers and errors over the whole run, warmup included
     max_send_lag_ms: float = 0.0  # how far behind schedule the client sent, at worst
+    # Over the whole run, warmup included: every answer's status, the requests that got no
+    # answer (connection error or timeout), and 429/503 answers without Retry-After.
+    all_status_counts: dict[int, int] = field(default_factory=dict)
+    no_answer_total: int = 0
+    refusals_without_retry_after: int = 0
 
 
 class _Pool:
@@ -56,6 +61,9 @@ class _Run:
     def __init__(self, state: _State, pool: _Pool, timeout_s: float) -> None:
         self.state, self.pool, self.timeout_s = state, pool, timeout_s
         self.non_ok_total = 0
+        self.all_status_counts: dict[int, int] = {}
+        self.no_answer_total = 0
+        self.refusals_without_retry_after = 0
 
     async def one(self, request: bytes, due: float) -> None:
         writer: asyncio.StreamWriter | None = None
@@ -63,9 +71,10 @@ class _Run:
             async with asyncio.timeout(self.timeout_s):
                 reader, writer = await self.pool.take()
                 writer.write(request)
-                status, body, keep_alive, _ = await _read_response(reader)
+                status, body, keep_alive, retry_after = await _read_response(reader)
         except _CONNECTION_ERRORS as exc:
             self.non_ok_total += 1
+            self.no_answer_total += 1
             if writer is not None:
                 writer.close()
             self.state.record_error(due, exc)
@@ -73,6 +82,9 @@ class _Run:
         done = time.perf_counter()
         if status != 200:
             self.non_ok_total += 1
+        self.all_status_counts[status] = self.all_status_counts.get(status, 0) + 1
+        if status in RETRY_STATUSES and retry_after is None:
+            self.refusals_without_retry_after += 1
         # Placed in the window by when it was due, not when it finished.
         self.state.record(due, done - due, status, body)
         if keep_alive:
@@ -129,4 +141,7 @@ async def run_open_loop(
         client_cpu_s=time.process_time() - cpu0,
         non_ok_total=run.non_ok_total,
         max_send_lag_ms=max_lag * 1000,
+        all_status_counts=run.all_status_counts,
+        no_answer_total=run.no_answer_total,
+        refusals_without_retry_after=run.refusals_without_retry_after,
     )

@@ -1,0 +1,35 @@
+"""The processes of a running server, found from the launch process down (/proc), and
+their resident memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.server import Server, descendants
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def find(server: Server, needle: str) -> list[int]:
+    """This server's processes whose command line contains `needle`."""
+    return sorted(pid for pid in descendants(server.process.pid) if needle in cmdline(pid))
+
+
+def owned(server: Server, pid: int) -> bool:
+    """Whether `pid` is one of the processes this server started (so ours to kill)."""
+    return pid in descendants(server.process.pid)

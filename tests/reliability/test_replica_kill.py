@@ -1,0 +1,116 @@
+"""The generation model's replica killed (SIGKILL) under load: time to the first 503,
+time to recovery, no request answered later than its deadline (X-Request-Timeout) plus a
+small grace, a Retry-After on every refusal, and the model serving again."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from bench.server import Server
+from tests.reliability import report
+from tests.reliability.conftest import wait_for_generation
+from tests.reliability.procs import owned
+from tests.reliability.replica_kill import Answer, KillRun, closed_loop, poll_health
+from tests.reliability.settings import sizes
+from tests.reliability.shapes import histogram
+
+pytestmark = pytest.mark.reliability
+
+SIZES = sizes()
+CLIENTS = 6
+DEADLINE_S = 10  # X-Request-Timeout of every request
+# How much later than its deadline an answer may come: the client's own overhead, not
+# a replica restart's.
+GRACE_S = 1.0
+ALLOWED = {200, 429, 503}
+BEFORE_KILL_S = 4
+RECOVERED_STREAK = 10
+
+
+def replica_pid(server: Server, model: str) -> int:
+    stats = httpx.get(f"{server.url}/v1/stats", timeout=10).json()
+    return int(stats["models"][model]["replica"]["pid"])
+
+
+@pytest.mark.timeout(int(SIZES.kill_observe_s + 180))
+async def test_killed_replica_refuses_fast_and_recovers(
+    server: Server, models: dict[str, list[str]]
+) -> None:
+    llm = models["generation"][0]
+    await asyncio.to_thread(wait_for_generation, server, llm)
+    pid = await asyncio.to_thread(replica_pid, server, llm)
+    assert owned(server, pid), f"pid {pid} is not one of this server's processes"
+    body = {"model": llm, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
+    headers = {"X-Request-Timeout": str(DEADLINE_S)}
+    run = KillRun()
+    stop = asyncio.Event()
+    url = f"{server.url}/v1/chat/completions"
+    async with httpx.AsyncClient(timeout=DEADLINE_S + 30) as client:
+        tasks = [
+            asyncio.create_task(closed_loop(client, run, url, body, headers, stop))
+            for _ in range(CLIENTS)
+        ]
+        tasks.append(asyncio.create_task(poll_health(client, run, server.url, stop)))
+        await asyncio.sleep(BEFORE_KILL_S)
+        run.killed_at = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        await watch_recovery(run)
+        stop.set()
+        await asyncio.gather(*tasks)
+    new_pid = await asyncio.to_thread(replica_pid, server, llm)
+    answers = run.answers
+    late = [a for a in answers if a.seconds > DEADLINE_S + GRACE_S]
+    no_retry = [a for a in answers if a.status in (429, 503) and not a.retry_after]
+    unexpected = [a for a in answers if a.status not in ALLOWED]
+    statuses = histogram([a.status if a.status is not None else 0 for a in answers])
+    report.record(
+        "replica_kill",
+        {
+            "model": llm,
+            "killed_pid": pid,
+            "new_pid": new_pid,
+            "requests": len(answers),
+            "status_histogram": statuses,
+            "first_failure_s": _round(run.first_failure_after_kill()),
+            "first_503_s": _round(run.first_after_kill(503)),
+            "recovery_s": _round(run.recovery_s()),
+            "healthz_not_200_s": _round(run.health_not_ok_s()),
+            "slowest_answer_s": _round(max((a.seconds for a in answers), default=None)),
+            "late_answers": len(late),
+            "refusals_without_retry_after": len(no_retry),
+            "failures": [
+                *(f"answered {a.status} after {a.seconds:.1f}s" for a in late[:5]),
+                *(_describe("unexpected status", a, run) for a in unexpected[:5]),
+                *(_describe("no Retry-After", a, run) for a in no_retry[:5]),
+            ],
+        },
+    )
+    assert new_pid != pid, "the killed replica was not replaced"
+    assert run.recovered(RECOVERED_STREAK), f"no recovery within {SIZES.kill_observe_s}s"
+    assert not late, f"{len(late)} requests answered past their {DEADLINE_S}s deadline"
+    assert not unexpected, f"statuses other than 200/429/503: {statuses}"
+    assert not no_retry, f"{len(no_retry)} refusals without Retry-After"
+
+
+async def watch_recovery(run: KillRun) -> None:
+    """Returns once the model has answered a streak of 200s after the kill, or when the
+    observation time is over."""
+    for _ in range(int(SIZES.kill_observe_s * 2)):
+        if run.since_kill() > 5 and run.recovered(RECOVERED_STREAK):
+            return
+        await asyncio.sleep(0.5)
+
+
+def _describe(what: str, answer: Answer, run: KillRun) -> str:
+    after = answer.done - run.killed_at
+    return f"{what}: {answer.status} {after:.1f}s after the kill: {answer.body!r}"
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
