@@ -58,6 +58,13 @@ class DeploymentOptions(StrictModel):
     max_queued_requests: int = Field(
         256, ge=-1, description="Serve's per-caller queue bound; -1 means unbounded."
     )
+    backpressure_retry_after_s: float = Field(
+        1,
+        ge=0,
+        allow_inf_nan=False,
+        description="Retry-After of Serve's own 503 when `max_queued_requests` is exceeded "
+        "on a deployment that answers HTTP (the ingress); a refusal always says when to retry.",
+    )
     ray_actor_options: ActorOptions = ActorOptions()
 
     @model_validator(mode="after")
@@ -67,7 +74,13 @@ class DeploymentOptions(StrictModel):
         return self
 
     def to_serve(self) -> dict[str, Any]:
-        options = self.model_dump(exclude={"ray_actor_options", "autoscaling_config"})
+        options = self.model_dump(
+            exclude={"ray_actor_options", "autoscaling_config", "backpressure_retry_after_s"}
+        )
+        options["backpressure_config"] = {
+            "status_code": 503,
+            "retry_after_s": self.backpressure_retry_after_s,
+        }
         if self.autoscaling_config is not None:
             options.pop("num_replicas")
             options["autoscaling_config"] = self.autoscaling_config.model_dump(exclude_none=True)

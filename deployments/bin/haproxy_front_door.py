@@ -10,6 +10,10 @@ the way, each time, so a reload with a new config keeps them:
   from `deployments/static/errors/<status>.http` instead of HAProxy's HTML (and Serve's
   plain-text 500 for 502/503/504, which also hid the real status). The `errorfile` lines
   go into every `defaults` section, replacing Serve's own for the same statuses.
+- **JSON back-pressure.** A replica over its `max_queued_requests` answers Serve's own
+  plain-text 503; each `frontend` turns a 503 that is not JSON into the API's overloaded
+  error (`static/errors/backpressure.response`, with Retry-After), so a client under
+  overload only ever sees the documented shape.
 - **No kernel splicing (`-dS`).** Serve's config turns on `option splice-request`, and
   with it HAProxy often misses a client's close while the request waits for its
   response, so the ingress never hears that the client left and the model computes an
@@ -27,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 ERROR_DIR = Path(__file__).resolve().parents[1] / "static" / "errors"
+BACKPRESSURE = ERROR_DIR / "backpressure.response"
 SECTION = re.compile(r"^[A-Za-z]")  # a section keyword starts a line; its settings are indented
 ERRORFILE = re.compile(r"^\s+errorfile\s+(\d{3})\s")
 
@@ -35,18 +40,30 @@ def error_files(directory: Path = ERROR_DIR) -> dict[str, Path]:
     return {path.stem: path for path in sorted(directory.glob("[0-9][0-9][0-9].http"))}
 
 
+def json_backpressure(response: Path = BACKPRESSURE) -> str:
+    """A frontend rule: a 503 from a server that is not JSON becomes our overloaded error."""
+    return (
+        f"    http-response return errorfile {response} "
+        "if { status 503 } !{ res.hdr(content-type) -m sub application/json }"
+    )
+
+
 def patch_config(text: str, errors: dict[str, Path]) -> str:
     """`text` with our errorfile lines in each `defaults` section, and any errorfile line
-    there for one of the same statuses dropped (HAProxy would keep the last one)."""
+    there for one of the same statuses dropped (HAProxy would keep the last one); and the
+    JSON back-pressure rule in each `frontend`."""
     ours = [f"    errorfile {status} {path}" for status, path in errors.items()]
     out: list[str] = []
     in_defaults = False
     for line in text.splitlines():
         if SECTION.match(line):
-            in_defaults = line.split()[0] == "defaults"
+            keyword = line.split()[0]
+            in_defaults = keyword == "defaults"
             out.append(line)
             if in_defaults:
                 out.extend(ours)
+            elif keyword == "frontend":
+                out.append(json_backpressure())
             continue
         replaced = ERRORFILE.match(line)
         if in_defaults and replaced and replaced.group(1) in errors:

@@ -125,6 +125,22 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+SERVE_BACKPRESSURE = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"content-length: 35\r\nretry-after: 1\r\n\r\nRequest dropped due to backpressure"
+)
+APP_SHED_BODY = (
+    b'{"error":{"message":"shed","type":"overloaded_error","param":null,"code":"queue_full"}}'
+)
+APP_SHED = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    b"retry-after: 3\r\ncontent-length: "
+    + str(len(APP_SHED_BODY)).encode()
+    + b"\r\n\r\n"
+    + APP_SHED_BODY
+)
+
+
 class Backend:
     """A backend that answers garbage (HAProxy: 502) or never answers (504)."""
 
@@ -159,9 +175,11 @@ class Backend:
 @pytest.fixture
 def haproxy(tmp_path: Path, environment: dict[str, str]) -> Iterator[int]:
     """The real HAProxy through the wrapper: /dead has no live server, /garbage one that
-    answers garbage, /silent one that never answers."""
+    answers garbage, /silent one that never answers, /busy Serve's plain-text
+    back-pressure 503, /shed the app's own JSON 503."""
     port = _free_port()
     garbage, silent = Backend(b"NOT HTTP\r\n\r\n"), Backend(None)
+    busy, shed = Backend(SERVE_BACKPRESSURE), Backend(APP_SHED)
     config = tmp_path / "haproxy.cfg"
     config.write_text(
         "global\n    maxconn 64\n"
@@ -170,10 +188,14 @@ def haproxy(tmp_path: Path, environment: dict[str, str]) -> Iterator[int]:
         f"frontend f\n    bind 127.0.0.1:{port}\n"
         "    use_backend garbage if { path /garbage }\n"
         "    use_backend silent if { path /silent }\n"
+        "    use_backend busy if { path /busy }\n"
+        "    use_backend shed if { path /shed }\n"
         "    default_backend dead\n"
         "backend dead\n    server s 127.0.0.1:1\n"
         f"backend garbage\n    server s 127.0.0.1:{garbage.port}\n"
         f"backend silent\n    server s 127.0.0.1:{silent.port}\n"
+        f"backend busy\n    server s 127.0.0.1:{busy.port}\n"
+        f"backend shed\n    server s 127.0.0.1:{shed.port}\n"
     )
     process = subprocess.Popen(
         [environment["RAY_SERVE_HAPROXY_BINARY_PATH"], "-db", "-f", str(config)],
@@ -194,8 +216,8 @@ def haproxy(tmp_path: Path, environment: dict[str, str]) -> Iterator[int]:
     finally:
         process.terminate()
         process.wait(timeout=10)
-        garbage.close()
-        silent.close()
+        for backend in (garbage, silent, busy, shed):
+            backend.close()
 
 
 def exchange(port: int, raw: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -231,6 +253,24 @@ def test_haproxys_own_5xx_are_json_with_their_real_status(
     assert json.loads(body)["error"]["code"] == code
     if status != 504:
         assert int(headers["retry-after"]) >= 1
+
+
+def test_serves_plain_text_backpressure_becomes_the_json_overloaded_error(haproxy: int) -> None:
+    status, headers, body = exchange(haproxy, b"GET /busy HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 503 and headers["content-type"] == "application/json"
+    assert int(headers["retry-after"]) >= 1
+    assert json.loads(body)["error"] == {
+        "message": "The server is at capacity; retry shortly.",
+        "type": "overloaded_error",
+        "param": None,
+        "code": "server_overloaded",
+    }
+
+
+def test_the_apps_own_json_503_passes_unchanged(haproxy: int) -> None:
+    status, headers, body = exchange(haproxy, b"GET /shed HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 503 and headers["retry-after"] == "3"
+    assert body == APP_SHED_BODY
 
 
 @pytest.mark.parametrize(
