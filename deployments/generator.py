@@ -128,6 +128,17 @@ class Generator:
         self._watch()
         return self.engine.alive
 
+    async def drill_engine_failure(self) -> bool:
+        """Reliability drills only (reached through a Ray handle, never over HTTP): ends
+        the engine's thread as a crash would, so that the time to the first 503 and to
+        recovery can be measured. False for an engine without a thread (static)."""
+        if not isinstance(self.engine, ContinuousEngine):
+            return False
+        logger.warning("drill: ending the generation engine's thread of %s", self.config.name)
+        self._watch()
+        self.engine.drill_failure()
+        return True
+
     async def generate(
         self, priority: str, job: GenerationJob, time_left_s: float | None
     ) -> AsyncIterator[Event]:

@@ -306,6 +306,13 @@ class ContinuousEngine:
             self.failed += 1
             sequence.on_output(EngineOutput([], True, error=message, engine_down=True))
 
+    def drill_failure(self) -> None:
+        """Ends the manager's thread the way a crash does (no stop of ours, so `check`
+        treats it as a death): for tests and reliability drills of the recovery path."""
+        status = self.manager.background_thread_status
+        status.request_stop(status.HARD_STOP, self.manager.distributed_helper.global_rank)
+        self.manager._wake_up_loop.set()  # an idle loop waits on it for up to 0.1 s
+
     async def watch(self, period_s: float = WATCH_PERIOD_S) -> None:
         """Runs `check` every `period_s` until cancelled: the replica notices a dead engine
         within a period instead of when a request's deadline passes."""

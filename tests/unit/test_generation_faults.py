@@ -153,7 +153,7 @@ async def test_the_watchdog_notices_a_dead_engine_by_itself(
         stream = Outputs()
         engine.submit("long", prompt, 400, GREEDY, stream)
         await asyncio.sleep(0.1)
-        engine.manager.stop(block=True, timeout=10, hard_stop=True)  # not through engine.stop
+        engine.drill_failure()  # the thread ends, not through engine.stop
         await asyncio.wait_for(stream.done.wait(), 2)
         assert stream.last.engine_down
         await until(lambda: engine.alive, 3)
