@@ -24,8 +24,9 @@ from deployments.core.priority import Priority
 from deployments.core.sequence_slots import QueueFull, SequenceSlots, SlotTimeout
 from deployments.errors import NotReady
 
-# What a client is told to wait when the engine is down: a restart in the replica takes
-# about a second (docs/reliability.md); Serve replacing the replica takes longer.
+# What a client is told to wait when the engine is down: the replica restarts its engine
+# in well under a second (0.3-0.4 s measured on the demo model, served); Serve replacing
+# a whole replica takes 25-35 s.
 ENGINE_RETRY_AFTER_S = 2
 
 
@@ -102,10 +103,6 @@ class GenerationWorker:
                 code="empty_prompt",
             )
             return
-        if not self.engine.alive:
-            self.counts["engine_down"] += 1
-            yield _engine_down()
-            return
         if len(prompt) + job.max_tokens > window:
             yield GenerationRejection(
                 400,
@@ -115,6 +112,10 @@ class GenerationWorker:
                 param=param,
                 code="context_length_exceeded",
             )
+            return
+        if not self.engine.alive:
+            self.counts["engine_down"] += 1
+            yield _engine_down()
             return
         try:
             self._report_sequences()

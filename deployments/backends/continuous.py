@@ -50,10 +50,13 @@ RowSamplerFactory = Callable[[SamplingParams], RowSampler]
 # Called on the manager's thread: (request id, what went wrong).
 OnRowError = Callable[[str, Exception], None]
 
-# How often the watchdog looks at the manager's thread, and how long a restart may take
-# before it counts as failed. Named constants: no config knob (config.py is not ours).
+# How often the watchdog looks at the manager's thread (named constants, not config
+# knobs: a dead engine should be noticed faster than any client would care to tune).
 WATCH_PERIOD_S = 0.2
-STOP_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 10.0  # how long a replica's shutdown waits for the thread to finish
+# After a restart that failed, the next try waits this long: a failure that repeats
+# (out of memory, say) must not spin; the replica reports unhealthy meanwhile.
+RESTART_BACKOFF_S = 5.0
 
 
 class EngineDown(Exception):
@@ -134,6 +137,7 @@ class ContinuousEngine:
         self.generated_tokens = 0
         self.restarts = 0
         self.last_restart_s: float | None = None
+        self._retry_restart_at = 0.0
         self.manager, self._sampler = self._new_manager()
 
     def _new_manager(self) -> tuple[Any, _PerRequestSampler]:
@@ -203,7 +207,7 @@ class ContinuousEngine:
             if self._live.get(request_id) is not sequence:
                 return  # cancelled or failed already: its late outputs go nowhere
             tokens = list(output.generated_tokens)
-            finished = output.is_finished()
+            finished = output.is_finished() or output.error is not None
             hit_eos = bool(tokens) and tokens[-1] in eos
             if hit_eos:
                 tokens = tokens[:-1]
@@ -284,11 +288,14 @@ class ContinuousEngine:
         if self.manager.is_running():
             return False  # still winding down: restart once its thread is gone
         began = time.monotonic()
+        if began < self._retry_restart_at:
+            return False
         try:
             self.manager, self._sampler = self._new_manager()
             self.manager.start()
         except Exception:
             logger.exception("could not restart the continuous-batching engine")
+            self._retry_restart_at = began + RESTART_BACKOFF_S
             return False
         self.restarts += 1
         self.last_restart_s = time.monotonic() - began
@@ -317,7 +324,10 @@ class ContinuousEngine:
         """Runs `check` every `period_s` until cancelled: the replica notices a dead engine
         within a period instead of when a request's deadline passes."""
         while True:
-            self.check()
+            try:
+                self.check()
+            except Exception:  # the watchdog must outlive whatever it is watching
+                logger.exception("the generation engine's watchdog failed a check")
             await asyncio.sleep(period_s)
 
     @property
