@@ -110,12 +110,39 @@ class Generator:
     def check_health(self) -> None:
         if not getattr(self, "_warm", False):
             raise RuntimeError("model not warmed up")
-        if isinstance(self.engine, ContinuousEngine) and not self.engine.manager.is_running():
-            raise RuntimeError("the continuous-batching thread has stopped")
+        if not self.engine.alive:
+            raise RuntimeError("the generation engine has stopped")
+
+    def _watch(self) -> None:
+        """Keeps the engine's watchdog running on the replica's loop (started lazily:
+        that loop is not running yet in __init__). It fails every sequence of a dead
+        engine at once and restarts the engine in-process (continuous.py)."""
+        if not isinstance(self.engine, ContinuousEngine):
+            return
+        task = getattr(self, "_watchdog", None)
+        if task is None or task.done():
+            self._watchdog = asyncio.get_running_loop().create_task(self.engine.watch())
+
+    async def engine_alive(self) -> bool:
+        """For the ingress's /healthz: cheap, and honest within the watchdog's period."""
+        self._watch()
+        return self.engine.alive
+
+    async def drill_engine_failure(self) -> bool:
+        """Reliability drills only (reached through a Ray handle, never over HTTP): ends
+        the engine's thread as a crash would, so that the time to the first 503 and to
+        recovery can be measured. False for an engine without a thread (static)."""
+        if not isinstance(self.engine, ContinuousEngine):
+            return False
+        logger.warning("drill: ending the generation engine's thread of %s", self.config.name)
+        self._watch()
+        self.engine.drill_failure()
+        return True
 
     async def generate(
         self, priority: str, job: GenerationJob, time_left_s: float | None
     ) -> AsyncIterator[Event]:
+        self._watch()
         async with aclosing(self.worker.run(Priority.parse(priority), job, time_left_s)) as run:
             async for event in run:
                 yield event

@@ -52,7 +52,7 @@ from deployments.http_app import build_http_app
 from deployments.metrics import build_metrics
 from deployments.model_client import ModelClient
 from deployments.observe import RequestObserver, note_request, observed
-from deployments.readiness import serve_readiness
+from deployments.readiness import engines_problem, serve_readiness
 from deployments.request_meta import RequestMeta, choose_priority, read_meta
 from deployments.rerank_api import rerank_job, rerank_response, rerank_token_estimate
 from deployments.response import embedding_response
@@ -145,7 +145,9 @@ class Ingress:
         }
 
     async def health(self) -> None:
-        problem = await self._readiness()
+        # Both at once: /healthz must turn within ~1 s of an engine's death.
+        problems = await asyncio.gather(self._readiness(), engines_problem(self._generators))
+        problem = next((p for p in problems if p is not None), None)
         if problem is not None:
             raise NotReady(problem)
 

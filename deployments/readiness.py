@@ -5,6 +5,9 @@ Ready means every deployment of every application has at least one running repli
 A deployment that is scaling up or down, or rolling out an update, with replicas
 already running, still serves: with autoscaling on, answering 503 then would make a
 load balancer drop a healthy server whenever load changed.
+
+Serve's status changes only after its health-check period (seconds), so a generation
+replica is also asked directly whether its engine runs (`engine_alive`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ from typing import Any
 logger = logging.getLogger("ray.serve")
 
 SERVING_STATUSES = frozenset({"HEALTHY", "UPSCALING", "DOWNSCALING", "UPDATING"})
+# How long /healthz waits for a generation replica to say whether its engine runs. A
+# replica too busy to answer within it is not reported down: Serve's own health check
+# covers a replica that stopped answering, and a busy one must not flap the endpoint.
+ENGINE_CHECK_TIMEOUT_S = 1.0
 
 
 def readiness_problem(deployments: Mapping[str, Any]) -> str | None:
@@ -55,3 +62,29 @@ async def serve_readiness() -> str | None:
             for name, deployment in app.deployments.items()
         }
     )
+
+
+async def engines_problem(
+    generators: Mapping[str, Any], timeout_s: float = ENGINE_CHECK_TIMEOUT_S
+) -> str | None:
+    """`generators`: model name -> handle of its Generator. Asks each at once whether its
+    engine is alive; None when none says no, else which is down."""
+    names = list(generators)
+    answers = await asyncio.gather(*(_engine_alive(generators[name], timeout_s) for name in names))
+    down = [name for name, alive in zip(names, answers, strict=True) if alive is False]
+    if down:
+        listed = ", ".join(f"'{name}'" for name in down)
+        return f"The generation engine of model {listed} is down; it is restarting."
+    return None
+
+
+async def _engine_alive(handle: Any, timeout_s: float) -> bool | None:
+    """True or False as the replica says, None when it could not say in time."""
+    try:
+        return bool(await asyncio.wait_for(handle.engine_alive.remote(), timeout_s))
+    except TimeoutError:
+        logger.warning("a generation replica did not say within %.1f s if it runs", timeout_s)
+        return None
+    except Exception as exc:
+        logger.warning("a generation replica could not say if its engine runs: %r", exc)
+        return False

@@ -30,6 +30,7 @@ class _Row:
     sampling: SamplingParams
     cancelled: bool = False
     tokens: list[int] = field(default_factory=list)
+    error: str | None = None  # set on the model thread when this row alone failed
 
 
 class StaticEngine:
@@ -67,6 +68,9 @@ class StaticEngine:
                     continue
                 row.tokens.append(token)
                 on_output(EngineOutput(list(row.tokens), False))
+            if row.error is not None:
+                on_output(EngineOutput(list(row.tokens), True, error=row.error))
+                return
             hit_eos = len(row.tokens) < row.max_new_tokens
             self.finished += 1
             self.generated_tokens += len(row.tokens)
@@ -85,6 +89,11 @@ class StaticEngine:
             task = self._tasks.pop(request_id, None)
             if task is not None:
                 task.cancel()
+
+    @property
+    def alive(self) -> bool:
+        # No thread of its own to lose: a failing batch fails its rows, and the next runs.
+        return True
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -112,6 +121,7 @@ class StaticEngine:
                     [r.sampling for r in rows],
                     on_step=on_step,
                     cancelled=lambda i: rows[i].cancelled,
+                    on_error=lambda i, message: setattr(rows[i], "error", message),
                 )
             finally:
                 loop.call_soon_threadsafe(steps.put_nowait, None)

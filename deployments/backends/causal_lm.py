@@ -25,6 +25,8 @@ DEFAULT_GENERATION_PROMPT = "assistant:"
 # on_step(tokens): one entry per row of the batch, the token it got at this step, or None
 # once it has finished.
 StepCallback = Callable[[list[int | None]], None]
+# on_error(row, message): that row failed on its own (its sampler raised) and was ended.
+RowErrorCallback = Callable[[int, str], None]
 
 
 def resolve_lm_source(source: str, cache_dir: Path | None = None) -> Path:
@@ -82,10 +84,12 @@ class CausalLM:
         sampling: Sequence[SamplingParams],
         on_step: StepCallback | None = None,
         cancelled: Callable[[int], bool] | None = None,
+        on_error: RowErrorCallback | None = None,
     ) -> list[list[int]]:
         """Static batching: all prompts in one `generate`, left-padded; each row stops at
         EOS, at its own `max_new_tokens` or once `cancelled(row)`, the batch when every
-        row has. Returns the new tokens of each row (EOS excluded)."""
+        row has. Returns the new tokens of each row (EOS excluded). A row whose sampling
+        fails ends there and is named to `on_error`; the others go on."""
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)
@@ -93,7 +97,7 @@ class CausalLM:
             ids[i, width - len(prompt) :] = torch.tensor(prompt)
             mask[i, width - len(prompt) :] = 1
         samplers = [RowSampler.of(s) for s in sampling]
-        tap = _StepTap(list(max_new_tokens), samplers, self, on_step, cancelled)
+        tap = _StepTap(list(max_new_tokens), samplers, self, on_step, cancelled, on_error)
         self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
@@ -118,8 +122,10 @@ class _StepTap:
         lm: CausalLM,
         on_step: StepCallback | None,
         cancelled: Callable[[int], bool] | None = None,
+        on_error: RowErrorCallback | None = None,
     ) -> None:
         self.limits = limits
+        self.on_error = on_error
         self.cancelled = cancelled
         self.samplers: list[RowSampler | None] = list(samplers)
         self.outputs: list[list[int]] = [[] for _ in limits]
@@ -129,7 +135,12 @@ class _StepTap:
         self.on_step = on_step
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        scores = sample_rows(scores, self.samplers)
+        for i, error in sample_rows(scores, self.samplers).items():
+            # Raising here would fail every row of the batch: this row alone ends.
+            self.done[i] = True
+            self.samplers[i] = None
+            if self.on_error is not None:
+                self.on_error(i, f"sampling failed: {type(error).__name__}")
         chosen = scores.argmax(dim=-1).tolist()
         step: list[int | None] = []
         for i, token in enumerate(chosen):

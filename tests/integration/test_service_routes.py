@@ -1,6 +1,11 @@
+import asyncio
+import time
+from typing import Any
+
 import httpx
 
-from tests.integration.conftest import Harness
+from deployments.ingress import Ingress
+from tests.integration.conftest import CONFIG, FakeEmbedder, Harness
 
 
 async def test_models_lists_each_model_with_its_task(client: httpx.AsyncClient) -> None:
@@ -59,3 +64,62 @@ async def test_head_on_health_and_models_answers_like_get_without_a_body(
     response = await client.head("/healthz")
     assert response.status_code == 503 and response.content == b""
     assert (await client.get("/healthz")).status_code == 503
+
+
+class _EngineProbe:
+    """A generation handle's `engine_alive.remote()`: says `alive`, or hangs, or fails."""
+
+    def __init__(self) -> None:
+        self.alive: bool = True
+        self.hang = False
+        self.fail: Exception | None = None
+        self.engine_alive = self
+
+    def remote(self) -> Any:
+        return asyncio.ensure_future(self._answer())
+
+    async def _answer(self) -> bool:
+        if self.hang:
+            await asyncio.sleep(30)
+        if self.fail is not None:
+            raise self.fail
+        return self.alive
+
+
+def _with_generator() -> tuple[httpx.AsyncClient, _EngineProbe]:
+    config = {**CONFIG, "generation_models": [{"name": "gen-a", "source": "demo:tiny-llama"}]}
+    probe = _EngineProbe()
+
+    async def ready() -> None:
+        return None
+
+    ingress = Ingress(config, {"fake-embedder": FakeEmbedder()}, ready, generators={"gen-a": probe})
+    transport = httpx.ASGITransport(app=ingress.__serve_build_asgi_app__())
+    return httpx.AsyncClient(transport=transport, base_url="http://ingress"), probe
+
+
+async def test_healthz_is_503_naming_the_model_while_its_engine_is_down() -> None:
+    client, probe = _with_generator()
+    async with client:
+        assert (await client.get("/healthz")).status_code == 200
+        probe.alive = False
+        began = time.monotonic()
+        down = await client.get("/healthz")
+        assert time.monotonic() - began < 2
+        assert down.status_code == 503
+        assert "'gen-a'" in down.json()["error"]["message"]
+        probe.alive, probe.fail = True, RuntimeError("replica gone")
+        assert (await client.get("/healthz")).status_code == 503
+        probe.fail = None
+        assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_healthz_does_not_wait_on_a_replica_too_busy_to_answer() -> None:
+    client, probe = _with_generator()
+    probe.hang = True
+    async with client:
+        began = time.monotonic()
+        response = await client.get("/healthz")
+    # Not reported down (Serve's own health check covers a replica that stopped), and
+    # answered within the probe's timeout.
+    assert response.status_code == 200 and time.monotonic() - began < 2

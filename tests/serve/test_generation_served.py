@@ -4,7 +4,10 @@ HTTP (HAProxy + direct ingress, the default throughput mode), the official opena
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -16,6 +19,7 @@ from deployments.backends.sampling import SamplingParams
 from tests.serve.conftest import ADMIN_KEY, AUTH, STATIC_LLM
 
 MODEL = "tiny-llama-demo"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _source() -> str:
@@ -219,3 +223,150 @@ async def test_static_engine_batches_concurrent_chats_each_to_its_own_length(
     replica = stats["models"][STATIC_LLM]["replica"]
     assert replica["engine"] == "static" and replica["batches"] >= 1
     assert replica["running_sequences"] == 0 and replica["slots"]["running"] == 0
+
+
+HOSTILE = [
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": 1e-39}),
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": 5e-324}),
+    ("completions", {"prompt": "the city", "top_p": 1e-300}),
+    ("completions", {"prompt": "the city", "temperature": 1e-300, "top_p": 5e-324}),
+    ("completions", {"prompt": "the city", "temperature": 2, "top_p": 1e-300, "seed": 0}),
+    ("completions", {"prompt": "the city", "temperature": 1, "seed": 2**64 - 1}),
+    ("completions", {"prompt": "the city", "temperature": 1, "seed": 2**64}),
+    ("completions", {"prompt": "the city", "temperature": 1, "seed": -1}),
+    ("completions", {"prompt": "the city", "temperature": 1, "seed": 2**63}),
+    ("completions", {"prompt": ""}),
+    ("completions", {"prompt": "   "}),
+    ("completions", {"prompt": "", "stream": True}),
+    ("completions", {"prompt": [""]}),
+    ("chat/completions", {"messages": [{"role": "user", "content": ""}]}),
+    ("completions", {"prompt": "x", "temperature": 1e-39, "stream": True}),
+    ("completions", {"prompt": "x", "model": STATIC_LLM, "temperature": 1e-39}),
+    ("completions", {"prompt": "", "model": STATIC_LLM}),
+    ("completions", {"prompt": "x", "model": STATIC_LLM, "top_p": 1e-300, "seed": 2**64 - 1}),
+]
+
+
+def _expected_greedy(prompt: str, max_tokens: int) -> str:
+    lm = CausalLM(resolve_lm_source(_source()))
+    return lm.decode(lm.generate([lm.prompt_ids(prompt)], [max_tokens], [SamplingParams(0.0)])[0])
+
+
+async def _stream_text(http: httpx.AsyncClient, url: str, body: dict, started: asyncio.Event):
+    """The text of a streamed completion, and the error event that ended it, if any."""
+    parts: list[str] = []
+    async with http.stream("POST", url, json={**body, "stream": True}, headers=AUTH) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line.removeprefix("data: "))
+            if "error" in event:
+                return "".join(parts), event["error"]
+            parts.append(event["choices"][0]["text"])
+            started.set()
+    return "".join(parts), None
+
+
+async def test_hostile_sampling_and_empty_prompts_leave_a_concurrent_stream_intact(
+    server: Server,
+) -> None:
+    before = replica_stats(server)
+    prompt, max_tokens = "a story about the river", 400
+    expected = _expected_greedy(prompt, max_tokens)
+    url = f"{server.url}/v1/completions"
+    long = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    async with httpx.AsyncClient(timeout=60) as http:
+        started = asyncio.Event()
+        stream = asyncio.create_task(_stream_text(http, url, long, started))
+        await asyncio.wait_for(started.wait(), 30)
+
+        async def hostile(route: str, body: dict) -> tuple[str, dict, int, bytes]:
+            request = {"model": MODEL, "max_tokens": 16, **body}
+            response = await http.post(f"{server.url}/v1/{route}", json=request, headers=AUTH)
+            return route, body, response.status_code, response.content
+
+        answers = await asyncio.gather(*(hostile(route, body) for route, body in HOSTILE))
+        assert not stream.done(), "the long stream ended before the corpus was sent"
+        text, error = await stream
+    for route, body, status, content in answers:
+        assert status < 500, (route, body, status, content)
+        if status >= 400:
+            error_body = json.loads(content)["error"]
+            assert set(error_body) == {"message", "type", "param", "code"}
+    empties = [status for _, body, status, _ in answers if body.get("prompt") in ("", "   ")]
+    assert len(empties) == 4 and set(empties) == {400}
+    assert error is None and text == expected  # the innocent stream, intact
+    after = replica_stats(server)
+    assert after["generation_thread_alive"]
+    assert after["engine_restarts"] == before["engine_restarts"]  # the engine never died
+
+
+async def test_an_engine_death_is_noticed_at_once_and_generation_comes_back(
+    server: Server,
+) -> None:
+    drill = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.serve.engine_drill",
+        "tributary",
+        f"generate-{MODEL}",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        cwd=ROOT,
+    )
+    assert drill.stdin is not None and drill.stdout is not None
+    try:
+        line = await asyncio.wait_for(drill.stdout.readline(), 120)
+        assert line.strip() == b"ready", line
+        url = f"{server.url}/v1/completions"
+        long = {"model": MODEL, "prompt": "a long story", "max_tokens": 500, "temperature": 0}
+        async with httpx.AsyncClient(timeout=30) as http:
+            started = asyncio.Event()
+            stream = asyncio.create_task(_stream_text(http, url, long, started))
+            await asyncio.wait_for(started.wait(), 30)
+            drill.stdin.write(b"go\n")
+            await drill.stdin.drain()
+            health: list[tuple[float, int]] = []
+
+            async def watch_health() -> None:
+                while True:
+                    response = await http.get(f"{server.url}/healthz")
+                    health.append((time.monotonic(), response.status_code))
+                    await asyncio.sleep(0.05)
+
+            watching = asyncio.create_task(watch_health())
+            drilled = (await asyncio.wait_for(drill.stdout.readline(), 30)).split()
+            assert drilled[0] == b"drilled" and drilled[2] == b"True", drilled
+            died = float(drilled[1])
+            _, error = await asyncio.wait_for(stream, 5)
+            cut = time.monotonic() - died
+            # The stream in flight is cut at once with an error event, not left to hang.
+            assert error is not None and set(error) == {"message", "type", "param", "code"}
+            assert cut < 2, f"the stream ended {cut:.2f} s after the engine died"
+            body = {"model": MODEL, "prompt": "the city", "max_tokens": 8, "temperature": 0}
+            for _ in range(50):
+                response = await http.post(url, json=body, headers=AUTH)
+                if response.status_code == 200:
+                    break
+                assert response.status_code == 503 and "Retry-After" in response.headers
+                await asyncio.sleep(0.1)
+            back = time.monotonic() - died
+            assert response.status_code == 200, response.text
+            await asyncio.sleep(0.3)
+            watching.cancel()
+    finally:
+        if drill.returncode is None:
+            drill.kill()
+        await drill.wait()
+    down = [t - died for t, status in health if status == 503]
+    print(
+        f"\nengine death: stream cut after {cut:.2f} s, generation back after {back:.2f} s, "
+        f"/healthz 503 seen {len(down)} times (first at "
+        f"{min(down) if down else float('nan'):.2f} s), last /healthz {health[-1][1]}, "
+        f"the stream's error: {error['code']}"
+    )
+    assert back < 3, f"generation was back only {back:.2f} s after the engine died"
+    assert health[-1][1] == 200
+    stats = replica_stats(server)
+    assert stats["engine_restarts"] >= 1 and stats["generation_thread_alive"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from deployments.backends.continuous import EngineOutput, OnOutput
+from deployments.backends.continuous import EngineDown, EngineOutput, OnOutput
 from deployments.backends.sampling import SamplingParams
 from deployments.core.generation_jobs import GenerationChunk, GenerationJob, GenerationRejection
 from deployments.core.metrics import (
@@ -20,6 +20,7 @@ from deployments.core.metrics import (
 )
 from deployments.core.priority import Priority
 from deployments.core.sequence_slots import SequenceSlots, SlotLimits
+from deployments.errors import NotReady
 from deployments.generation_worker import GenerationWorker
 
 
@@ -42,10 +43,15 @@ class FakeEngine:
     def __init__(self) -> None:
         self.live: dict[str, tuple[int, OnOutput, list[int]]] = {}
         self.cancelled: list[str] = []
+        self.submitted: list[Sequence[int]] = []
+        self.alive = True
 
     def submit(
         self, request_id: str, prompt: Sequence[int], max_new: int, s: SamplingParams, cb: OnOutput
     ) -> None:
+        if not self.alive:
+            raise EngineDown("down")
+        self.submitted.append(prompt)
         self.live[request_id] = (max_new, cb, [])
 
     def cancel(self, request_id: str) -> None:
@@ -173,3 +179,118 @@ async def test_token_timings_sequences_and_output_tokens_are_recorded() -> None:
     assert recorder.values(OUTPUT_TOKENS, model="tiny", priority="realtime") == [3]
     assert recorder.values(RUNNING_SEQUENCES, model="tiny")[-1] == 0
     assert recorder.values(WAITING_SEQUENCES, model="tiny")[-1] == 0
+
+
+class PoisonEngine(FakeEngine):
+    """Fails the sequence of any request whose id starts with "bad" at its `fail_at`-th
+    token, as the continuous engine does when one row's sampler raises."""
+
+    def __init__(self, fail_at: int = 1) -> None:
+        super().__init__()
+        self.fail_at = fail_at
+
+    def step(self) -> None:
+        for rid, (_, cb, tokens) in list(self.live.items()):
+            if rid.startswith("bad") and len(tokens) + 1 >= self.fail_at:
+                del self.live[rid]
+                cb(EngineOutput(list(tokens), True, error="sampling failed: ValueError"))
+        super().step()
+
+    def die(self) -> None:
+        """The engine's thread ends: every live sequence fails as the engine's fault."""
+        self.alive = False
+        for _, cb, tokens in list(self.live.values()):
+            cb(EngineOutput(list(tokens), True, error="stopped", engine_down=True))
+        self.live.clear()
+
+
+async def test_a_sequence_the_engine_fails_fails_that_request_alone() -> None:
+    engine = PoisonEngine()
+    w = worker(engine)
+    good = asyncio.ensure_future(_all(w.run(Priority.NORMAL, GenerationJob("ok", 5, "a"), None)))
+    bad = asyncio.ensure_future(_all(w.run(Priority.NORMAL, GenerationJob("bad", 5, "a"), None)))
+    await asyncio.sleep(0)
+    for _ in range(10):
+        engine.step()
+        await asyncio.sleep(0)
+    good_events, bad_events = await good, await bad
+    (rejection,) = bad_events
+    assert isinstance(rejection, GenerationRejection)
+    assert rejection.status == 500 and rejection.code == "model_error"
+    assert "".join(e.text for e in good_events) == "w0 w1 w2 w3 w4 "
+    assert good_events[-1].finish_reason == "length"
+    assert w.counts["failed"] == 1 and w.counts["completed"] == 1
+    assert w.slots.stats.running == 0
+
+
+async def test_a_sequence_failed_mid_stream_raises_for_that_stream_only() -> None:
+    engine = PoisonEngine(fail_at=3)
+    w = worker(engine)
+    bad = w.run(Priority.NORMAL, GenerationJob("bad", 5, "a"), None)
+    got: list = []
+    try:
+        await drive(engine, _collect(bad, got))
+        raise AssertionError("the failed stream ended normally")
+    except RuntimeError as exc:
+        assert "sampling failed" in str(exc)
+    assert [e.text for e in got] == ["w0 ", "w1 "]
+    assert w.slots.stats.running == 0 and not engine.cancelled  # nothing left to cancel
+
+
+async def _collect(stream, into: list):
+    async for event in stream:
+        into.append(event)
+        yield event
+
+
+async def _all(stream) -> list:
+    return [event async for event in stream]
+
+
+async def test_an_empty_prompt_is_a_400_and_never_reaches_the_engine() -> None:
+    engine = FakeEngine()
+    for job in (GenerationJob("r1", 5, ""), GenerationJob("r2", 5, "   ")):
+        (event,) = await _all(worker(engine).run(Priority.NORMAL, job, None))
+        assert isinstance(event, GenerationRejection)
+        assert (event.status, event.param, event.code) == (400, "prompt", "empty_prompt")
+    assert engine.submitted == []
+
+
+async def test_engine_death_answers_every_request_503_at_once() -> None:
+    engine = PoisonEngine()
+    w = worker(engine, seqs=2)
+    runs = [
+        asyncio.ensure_future(_all(w.run(Priority.NORMAL, GenerationJob(f"r{i}", 40, "a"), 30)))
+        for i in range(4)  # two run, two wait for a slot
+    ]
+    await asyncio.sleep(0)
+    engine.step()
+    await asyncio.sleep(0.01)
+    engine.die()
+    done, _ = await asyncio.wait(runs, timeout=1)  # at once, not after the 30 s deadline
+    assert len(done) == 4
+    # The two in flight had their first chunk out: their streams end with a 503 error
+    # that says to retry. The two queued were never started: a 503 rejection.
+    for run in runs[:2]:
+        error = run.exception()
+        assert isinstance(error, NotReady) and error.status == 503
+        assert error.code == "engine_restarting" and error.retry_after_s
+    outcomes = [r.result()[-1] for r in runs[2:]]
+    assert all(isinstance(o, GenerationRejection) for o in outcomes)
+    for rejection in outcomes:
+        assert rejection.status == 503 and rejection.code == "engine_restarting"
+        assert rejection.retry_after_s and rejection.retry_after_s > 0
+    later = await _all(w.run(Priority.NORMAL, GenerationJob("late", 5, "a"), 30))
+    assert isinstance(later[0], GenerationRejection) and later[0].status == 503
+    assert w.slots.stats.running == 0
+
+
+async def test_engine_death_before_the_first_token_is_a_503() -> None:
+    engine = PoisonEngine()
+    w = worker(engine)
+    run = asyncio.ensure_future(_all(w.run(Priority.NORMAL, GenerationJob("r", 5, "a"), 30)))
+    await asyncio.sleep(0.01)
+    engine.die()
+    (event,) = await asyncio.wait_for(run, 1)
+    assert isinstance(event, GenerationRejection) and event.status == 503
+    assert event.code == "engine_restarting" and event.retry_after_s
