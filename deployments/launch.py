@@ -90,6 +90,30 @@ def haproxy_environment() -> dict[str, str]:
     }
 
 
+# HAProxy's own listeners beside the HTTP port: Prometheus metrics and the stats page, at
+# fixed defaults (ray/serve/_private/constants.py). A second Serve on the machine, or a
+# HAProxy a killed node left behind, holds them, and HAProxy would then exit at start-up
+# with "Address already in use", which Serve reports as a long traceback.
+HAPROXY_SIDE_PORTS = {"RAY_SERVE_HAPROXY_METRICS_PORT": 9101, "RAY_SERVE_HAPROXY_STATS_PORT": 8404}
+
+
+def haproxy_side_ports(environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """A free port for each of HAProxy's side listeners the operator did not choose,
+    keeping the default where it is free."""
+    chosen: dict[str, str] = {}
+    for variable, default in HAPROXY_SIDE_PORTS.items():
+        if variable in environ:
+            continue
+        port = default if _port_is_free(default) else _any_free_port()
+        if port != default:
+            print(
+                f"port {default} ({variable}) is in use; HAProxy takes {port} instead",
+                file=sys.stderr,
+            )
+        chosen[variable] = str(port)
+    return chosen
+
+
 def haproxy_fd_need(maxconn: int) -> int:
     return 2 * maxconn + 2 * (maxconn // 4) + FD_HEADROOM
 
@@ -149,6 +173,7 @@ def main(argv: list[str]) -> None:
     for key, value in environment.items():
         os.environ.setdefault(key, value)
     if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
+        os.environ.update(haproxy_side_ports(os.environ))
         maxconn = int(os.environ.get("RAY_SERVE_HAPROXY_MAXCONN", HAPROXY_MAXCONN_DEFAULT))
         problem = fd_limit_problem(maxconn)
         if problem is not None:
@@ -181,6 +206,12 @@ def _port_is_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def _any_free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return int(probe.getsockname()[1])
 
 
 if __name__ == "__main__":

@@ -2,10 +2,15 @@
 
 The stopped run's metrics server leaves its closed connections in TIME_WAIT for a minute;
 the launcher's check that the port is free once took them for a listener and refused to
-start."""
+start. The second start also finds HAProxy's fixed side ports (Prometheus 9101, stats 8404)
+taken, as a second Serve on the machine or a HAProxy a killed node left would hold them:
+HAProxy once exited at start-up on them, and Serve with it."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -25,6 +30,20 @@ def time_wait_on(port: int) -> bool:
     return False
 
 
+@contextlib.contextmanager
+def listeners_on(ports: list[int]) -> Iterator[None]:
+    """Listens on each port that is free (one already taken is taken all the same)."""
+    with contextlib.ExitStack() as stack:
+        for port in ports:
+            holder = stack.enter_context(socket.socket())
+            try:
+                holder.bind(("", port))
+            except OSError:
+                continue
+            holder.listen()
+        yield
+
+
 def scrape(url: str) -> str:
     response = httpx.get(url, timeout=30)
     assert response.status_code == 200
@@ -40,7 +59,11 @@ def test_two_back_to_back_starts_on_one_metrics_port(tmp_path: Path) -> None:
         # Ray's metrics server closes each scrape's connection itself: TIME_WAIT on its side.
         assert "ray_" in scrape(first.metrics_url)
     assert time_wait_on(port), "the condition under test did not arise"
-    with running_server(config, tmp_path / "second", metrics_port=port) as second:
+    with (
+        listeners_on([9101, 8404]),
+        running_server(config, tmp_path / "second", metrics_port=port) as second,
+    ):
         assert second.metrics_port == port
         assert "ray_" in scrape(second.metrics_url)
         assert httpx.get(f"{second.url}/healthz", timeout=10).status_code == 200
+        assert "HAProxy takes" in second.log_tail(100_000)

@@ -150,3 +150,18 @@ def test_the_launcher_stops_with_one_line_before_ray_starts() -> None:
     assert result.returncode == 2, result.stderr
     [line] = result.stderr.strip().splitlines()
     assert "hard 4096" in line and "ulimit -n 10368" in line and "--mode proxy" in line
+
+
+def test_haproxy_side_ports_keep_their_defaults_when_free_and_move_when_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(launch, "_port_is_free", lambda port: port != 9101)
+    chosen = launch.haproxy_side_ports({})
+    assert chosen["RAY_SERVE_HAPROXY_STATS_PORT"] == "8404"
+    moved = int(chosen["RAY_SERVE_HAPROXY_METRICS_PORT"])
+    assert moved != 9101 and 0 < moved < 65536
+
+
+def test_haproxy_side_ports_an_operator_chose_are_left_alone() -> None:
+    environ = {"RAY_SERVE_HAPROXY_METRICS_PORT": "9200", "RAY_SERVE_HAPROXY_STATS_PORT": "9300"}
+    assert launch.haproxy_side_ports(environ) == {}
