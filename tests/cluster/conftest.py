@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.server import free_port, load_config
-from tests.cluster.local_cluster import LocalCluster, Node, wait_for
+from bench.server import load_config
+from tests.cluster.local_cluster import LocalCluster, Node, unique_free_port, wait_for
 
 APP = "tributary"
 HEAD = "tributary_head"
@@ -107,7 +107,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DeployedClust
         # autoscaled replicas 0.5 each, with room to spare.
         cluster.start_node("head", 3, {HEAD: 1, SLOT: 1})
         cluster.start_node("worker-1", WORKER_CPUS, {SLOT: 1})
-        port = free_port()
+        port = unique_free_port()
         cluster.deploy(cluster_test_config(port))
         deployed = DeployedCluster(cluster, f"http://127.0.0.1:{port}")
         wait_for("the app to be healthy", deployed.healthy, timeout_s=240)

@@ -28,6 +28,21 @@ import yaml
 
 from bench.server import ROOT, descendants, free_port
 
+_HANDED_OUT: set[int] = set()
+
+
+def unique_free_port() -> int:
+    """A free port no other call in this process has handed out: the kernel may give
+    the same free port to two probes in a row, and Ray refuses to start a node whose
+    components share one ("is trying to use a port number ... used by other
+    components")."""
+    while True:
+        port = free_port()
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+
+
 RAY = Path(sys.executable).with_name("ray")
 SERVE = Path(sys.executable).with_name("serve")
 
@@ -59,8 +74,8 @@ class LocalCluster:
     # Token auth, as Ray's own default for new clusters, with a token private to this
     # cluster: nothing is read from or written to ~/.ray.
     token: str = field(default_factory=lambda: secrets.token_hex(32))
-    gcs_port: int = field(default_factory=free_port)
-    dashboard_port: int = field(default_factory=free_port)
+    gcs_port: int = field(default_factory=unique_free_port)
+    dashboard_port: int = field(default_factory=unique_free_port)
     nodes: list[Node] = field(default_factory=list)
     # Short: Ray's Unix socket paths live under it and must stay under ~100 characters.
     temp_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="trib-")))
@@ -83,18 +98,18 @@ class LocalCluster:
     def start_node(self, name: str, num_cpus: int, resources: dict[str, float]) -> Node:
         head = not self.nodes
         ports = {
-            "node-manager-port": free_port(),
-            "object-manager-port": free_port(),
-            "metrics-export-port": free_port(),
-            "dashboard-agent-listen-port": free_port(),
-            "dashboard-agent-grpc-port": free_port(),
-            "runtime-env-agent-port": free_port(),
+            "node-manager-port": unique_free_port(),
+            "object-manager-port": unique_free_port(),
+            "metrics-export-port": unique_free_port(),
+            "dashboard-agent-listen-port": unique_free_port(),
+            "dashboard-agent-grpc-port": unique_free_port(),
+            "runtime-env-agent-port": unique_free_port(),
         }
         if head:
             ports |= {
                 "port": self.gcs_port,
                 "dashboard-port": self.dashboard_port,
-                "ray-client-server-port": free_port(),
+                "ray-client-server-port": unique_free_port(),
             }
         args = [
             str(RAY),

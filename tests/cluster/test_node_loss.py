@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 
 import httpx
 
 from tests.cluster.conftest import APP, SPREAD_MODEL, DeployedCluster
+from tests.cluster.held_batch import cancel, computing, hold_on_replica
 from tests.cluster.local_cluster import Node, running, wait_for
 from tests.cluster.traffic import Outcome, closed_loop, one_request
 
@@ -32,22 +32,6 @@ def replicas_by_node(deployed: DeployedCluster, nodes: list[Node]) -> dict[str, 
     """How many running replicas of the spread model each node's processes hold."""
     pids = replica_pids(deployed)
     return {node.name: len(pids & node.pids()) for node in nodes}
-
-
-def cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime
-
-
-async def until_computing(pid: int, timeout_s: float = 10) -> None:
-    """Returns once the process burns CPU (a forward pass, so a call is in flight there):
-    the node is then lost with work on it, not between two calls."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        before = cpu_ticks(pid)
-        await asyncio.sleep(0.1)
-        if cpu_ticks(pid) - before >= 5:  # >= 50 ms of CPU in 100 ms
-            return
 
 
 def assert_clear_5xx(outcome: Outcome) -> None:
@@ -69,25 +53,42 @@ async def test_losing_a_node_fails_its_requests_fast_and_serve_recovers(
     )
     assert placement
 
-    stop = asyncio.Event()
-    load = asyncio.create_task(
-        closed_loop(deployed.url, SPREAD_MODEL, clients=6, stop=stop, timeout_s=CLIENT_TIMEOUT_S)
-    )
-    await asyncio.sleep(4)
-    (on_worker,) = replica_pids(deployed) & worker.pids()
-    await until_computing(on_worker)
-    lost_at = time.monotonic()
-    await asyncio.to_thread(worker.kill)
-    await asyncio.sleep(SETTLED_AFTER_S + 4)
-    stop.set()
-    outcomes = await load
+    async with httpx.AsyncClient() as client:
+        (on_head,) = replica_pids(deployed) & head.pids()
+        (on_worker,) = replica_pids(deployed) & worker.pids()
+        # Held before the load starts, while a busy replica can only be busy with it.
+        held, on_head_too = await hold_on_replica(
+            client, deployed.url, SPREAD_MODEL, on_worker, on_head, CLIENT_TIMEOUT_S * 10
+        )
+
+        stop = asyncio.Event()
+        load = asyncio.create_task(
+            closed_loop(
+                deployed.url, SPREAD_MODEL, clients=6, stop=stop, timeout_s=CLIENT_TIMEOUT_S
+            )
+        )
+        await asyncio.sleep(4)
+        # Still computing the held request: the node dies with that request in flight.
+        assert not held.task.done(), held.task.result()
+        assert await computing(on_worker), "the lost node's replica was not computing"
+        lost_at = time.monotonic()
+        await asyncio.to_thread(worker.kill)
+        await asyncio.wait({held.task}, timeout=FAIL_FAST_S)
+        assert held.task.done(), "the request held on the lost node was not answered"
+        for other in on_head_too:  # not under test: the surviving replica need not finish it
+            await cancel(other)
+        await asyncio.sleep(SETTLED_AFTER_S + 4)
+        stop.set()
+        outcomes = await load
 
     assert all(o.status is not None for o in outcomes), "a request hung or lost its connection"
     before = [o for o in outcomes if o.started + o.seconds < lost_at]
     assert before and all(o.ok for o in before)
-    failed = [o for o in outcomes if not o.ok]
-    assert failed, "no request was in flight on the lost node; nothing was proven"
-    for outcome in failed:
+    # The held request, and any request of the load that was on the lost node too.
+    held_outcome = held.task.result()
+    assert_clear_5xx(held_outcome)
+    assert held_outcome.started + held_outcome.seconds - lost_at < FAIL_FAST_S, held_outcome
+    for outcome in [o for o in outcomes if not o.ok]:
         assert_clear_5xx(outcome)
         assert outcome.seconds < FAIL_FAST_S, outcome
     settled = [o for o in outcomes if o.started > lost_at + SETTLED_AFTER_S]

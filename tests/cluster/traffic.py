@@ -30,13 +30,15 @@ def texts(count: int) -> list[str]:
 async def one_request(
     client: httpx.AsyncClient, url: str, model: str, inputs: int, timeout_s: float
 ) -> Outcome:
+    return await embed(client, url, {"model": model, "input": texts(inputs)}, timeout_s)
+
+
+async def embed(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], timeout_s: float
+) -> Outcome:
     started = time.monotonic()
     try:
-        response = await client.post(
-            f"{url}/v1/embeddings",
-            json={"model": model, "input": texts(inputs)},
-            timeout=timeout_s,
-        )
+        response = await client.post(f"{url}/v1/embeddings", json=body, timeout=timeout_s)
     except httpx.HTTPError as exc:
         return Outcome(started, time.monotonic() - started, None, repr(exc))
     try:

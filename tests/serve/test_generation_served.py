@@ -13,7 +13,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from bench.server import Server, load_config
+from bench.server import Server, descendants, load_config
 from deployments.backends.causal_lm import CausalLM, resolve_lm_source
 from deployments.backends.sampling import SamplingParams
 from tests.serve.conftest import ADMIN_KEY, AUTH, STATIC_LLM
@@ -247,6 +247,19 @@ HOSTILE = [
 ]
 
 
+def gcs_address(server: Server) -> str:
+    """The address of the server's own Ray, as its processes were told it."""
+    for pid in descendants(server.process.pid):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for arg in args:
+            if arg.startswith(b"--gcs-address="):
+                return arg.split(b"=", 1)[1].decode()
+    raise AssertionError("no process of the server names its Ray's GCS address")
+
+
 def _expected_greedy(prompt: str, max_tokens: int) -> str:
     lm = CausalLM(resolve_lm_source(_source()))
     return lm.decode(lm.generate([lm.prompt_ids(prompt)], [max_tokens], [SamplingParams(0.0)])[0])
@@ -309,6 +322,7 @@ async def test_an_engine_death_is_noticed_at_once_and_generation_comes_back(
         sys.executable,
         "-m",
         "tests.serve.engine_drill",
+        gcs_address(server),
         "tributary",
         f"generate-{MODEL}",
         stdin=asyncio.subprocess.PIPE,
