@@ -33,10 +33,8 @@ browser:
 	@command -v chromium >/dev/null || \
 		{ apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; }
 
-# The reliability suite runs with `make reliability` only until its bounded form has passed on
-# the merged fixes in a fresh clone (issue 12 is open; docs/reliability.md).
 test: lint browser
-	$(BIN)/python -m pytest --ignore=tests/reliability
+	$(BIN)/python -m pytest
 
 # The release run of the reliability suite (docs/reliability.md): >= 10,000 fuzzed
 # requests and RELIABILITY_OVERLOAD_S seconds at twice capacity (600 for the full run).
