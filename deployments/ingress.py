@@ -53,6 +53,7 @@ from deployments.metrics import build_metrics
 from deployments.model_client import ModelClient
 from deployments.observe import RequestObserver, note_request, observed
 from deployments.readiness import engines_problem, serve_readiness
+from deployments.replica_watch import ReplicaWatch
 from deployments.request_meta import RequestMeta, choose_priority, read_meta
 from deployments.rerank_api import rerank_job, rerank_response, rerank_token_estimate
 from deployments.response import embedding_response
@@ -97,6 +98,10 @@ class Ingress:
             m.name: m for m in self.config.generation_models
         }
         self._generators = generators or {}
+        self._watches = {
+            name: ReplicaWatch(name, lambda handle=handle: handle.engine_alive.remote())
+            for name, handle in self._generators.items()
+        }
         self._created = int(time.time())
         self._readiness = readiness or serve_readiness
         self.access = build_access_control(self.config.auth)
@@ -146,6 +151,9 @@ class Ingress:
 
     async def health(self) -> None:
         # Both at once: /healthz must turn within ~1 s of an engine's death.
+        down = [name for name, watch in self._watches.items() if watch.down]
+        if down:  # known without asking: asking a model with no replica waits out a timeout
+            raise NotReady(f"Generation model '{down[0]}' has no running replica; restarting.")
         problems = await asyncio.gather(self._readiness(), engines_problem(self._generators))
         problem = next((p for p in problems if p is not None), None)
         if problem is not None:
@@ -212,7 +220,13 @@ class Ingress:
         estimate = estimate_tokens([texts]) + job.max_tokens
         self._guard(lambda: self.access.charge(tenant, estimate))
         timeout_s = timeout_for(self.config.ingress.admission, priority, meta.timeout_s)
-        call = GenerationCall(model.name, self._generators[model.name], priority, timeout_s)
+        call = GenerationCall(
+            model.name,
+            self._generators[model.name],
+            priority,
+            timeout_s,
+            self._watches[model.name],
+        )
         try:
             first = await call.start(job)
         except BaseException:
