@@ -7,7 +7,8 @@ reference's output, and rejected below `min_agreement`; those that pass are time
 interleaved rounds at each batch size the replica will run (so a noisy moment hurts every
 candidate alike), and the one with the least time per text, summed over those batch sizes
 (each size weighs the same), is kept. Whatever fails to build or to run is rejected with
-its reason, never fatal, except the reference itself.
+its reason, never fatal, except the reference itself. Each candidate's first call at each
+size is untimed (one-off set-up costs such as oneDNN's primitive creation).
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def choose(
             continue
         forwards[name] = forward
     samples: dict[str, dict[int, list[float]]] = {n: {s: [] for s in batches} for n in forwards}
-    for _ in range(max(1, rounds)):
+    # Round 0 is untimed: a runtime's first call at a new shape pays one-off set-up costs.
+    for round_ in range(max(1, rounds) + 1):
         for name, forward in list(forwards.items()):
             for size, batch in batches.items():
                 start = clock()
@@ -124,7 +126,8 @@ def choose(
                     trials[name].rejected = f"failed: {type(exc).__name__}: {_one_line(exc)}"
                     del forwards[name], samples[name]
                     break
-                samples[name][size].append(max(clock() - start, 1e-9))
+                if round_:
+                    samples[name][size].append(max(clock() - start, 1e-9))
     for name, by_size in samples.items():
         trials[name].texts_per_s = {s: s / statistics.median(t) for s, t in by_size.items()}
     kept = min(forwards, key=lambda n: trials[n].seconds_per_text())
