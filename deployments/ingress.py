@@ -154,6 +154,9 @@ class Ingress:
         down = [name for name, watch in self._watches.items() if watch.down]
         if down:  # known without asking: asking a model with no replica waits out a timeout
             raise NotReady(f"Generation model '{down[0]}' has no running replica; restarting.")
+        doubted = [name for name, watch in self._watches.items() if watch.in_doubt]
+        if doubted:  # within ms of the death, not after the first probe's timeout
+            raise NotReady(f"A replica of generation model '{doubted[0]}' died; checking.")
         problems = await asyncio.gather(self._readiness(), engines_problem(self._generators))
         problem = next((p for p in problems if p is not None), None)
         if problem is not None:

@@ -42,6 +42,12 @@ class ReplicaWatch:
     def down(self) -> bool:
         return self._down.is_set()
 
+    @property
+    def in_doubt(self) -> bool:
+        """A call died with a replica and no replica has answered since: not known to be
+        down yet, but not known to be serving either (what /healthz reports)."""
+        return self._probing is not None and not self._probing.done()
+
     def call_died(self) -> None:
         """A call to the model failed because its replica is gone: find out whether
         another answers (once; a probe already under way covers this death too)."""

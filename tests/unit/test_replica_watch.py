@@ -102,6 +102,18 @@ async def test_a_death_with_a_live_replica_left_refuses_nothing() -> None:
     assert not watch.down
 
 
+async def test_from_a_death_until_a_replica_answers_the_model_is_in_doubt() -> None:
+    probe = Probe(answers=False)
+    watch = ReplicaWatch("llm", probe, probe_timeout_s=0.3, probe_every_s=0.02)
+    assert not watch.in_doubt
+    watch.call_died()
+    assert watch.in_doubt and not watch.down  # at once, before the first probe times out
+    await until(lambda: watch.down)
+    probe.answers = True
+    await until(lambda: not watch.in_doubt)
+    assert not watch.down
+
+
 async def test_a_request_to_a_down_model_is_refused_at_once_with_retry_after() -> None:
     watch = ReplicaWatch("llm", Probe(answers=False), **FAST)
     watch.call_died()
