@@ -14,11 +14,11 @@ from ray.serve import Application
 from deployments.backends.demo_llm import DEMO_PREFIX
 from deployments.backends.sources import ModelSourceError, resolve_model_source
 from deployments.config import AppConfig, ModelDeploymentConfig
-from deployments.embedder import Embedder
-from deployments.generator import Generator
-from deployments.ingress import Ingress
-from deployments.reranker import Reranker
-from deployments.tenants import build_access_control
+from deployments.ingress.ingress import Ingress
+from deployments.ingress.tenants import build_access_control
+from deployments.replicas.embedder import Embedder
+from deployments.replicas.generator import Generator
+from deployments.replicas.reranker import Reranker
 
 
 def build_app(args: dict[str, Any]) -> Application:

@@ -17,8 +17,8 @@ from deployments.backends.sources import resolve_model_source
 from deployments.config import RerankModelConfig
 from deployments.core.batch_budget import BatchBudget
 from deployments.core.rerank_jobs import RerankJob, RerankResult
-from deployments.embedding_worker import JobState
-from deployments.rerank_worker import PairItem, RerankWorker
+from deployments.replicas.embedding_worker import JobState
+from deployments.replicas.rerank_worker import PairItem, RerankWorker
 from tests.tiny_models import build_tiny_cross_encoder
 
 

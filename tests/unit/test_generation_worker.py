@@ -21,7 +21,7 @@ from deployments.core.metrics import (
 from deployments.core.priority import Priority
 from deployments.core.sequence_slots import SequenceSlots, SlotLimits
 from deployments.errors import NotReady
-from deployments.generation_worker import GenerationWorker
+from deployments.replicas.generation_worker import GenerationWorker
 
 
 class FakeLM:

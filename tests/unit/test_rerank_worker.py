@@ -10,8 +10,8 @@ from deployments.core.batch_budget import BatchBudget
 from deployments.core.jobs import EmbedRejection
 from deployments.core.relevance import to_relevance
 from deployments.core.rerank_jobs import RerankJob, RerankResult
-from deployments.embedding_worker import Dropped, JobState
-from deployments.rerank_worker import PairItem, RerankWorker
+from deployments.replicas.embedding_worker import Dropped, JobState
+from deployments.replicas.rerank_worker import PairItem, RerankWorker
 
 
 class WordScorer:

@@ -28,8 +28,8 @@ from deployments.config import ModelBatching
 from deployments.core.batch_budget import BatchBudget, budget_size
 from deployments.core.priority import ALL_PRIORITIES, Priority
 from deployments.core.priority_gate import PriorityGate
-from deployments.embedding_worker import EXPIRED, Dropped, JobState, split_live
 from deployments.metrics import build_metrics
+from deployments.replicas.embedding_worker import EXPIRED, Dropped, JobState, split_live
 
 Outcome = TypeVar("Outcome")
 

@@ -15,7 +15,7 @@ from pydantic import (
 )
 
 from deployments.errors import InvalidRequest
-from deployments.schemas import (
+from deployments.ingress.schemas import (
     INT64_MAX,
     INT64_MIN,
     ApiModel,

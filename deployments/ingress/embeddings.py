@@ -9,7 +9,7 @@ import orjson
 from deployments.core.jobs import EmbedResult
 from deployments.core.vectors import shrink_dimensions, to_base64
 from deployments.errors import InvalidRequest
-from deployments.schemas import EmbeddingRequest
+from deployments.ingress.schemas import EmbeddingRequest
 
 
 def embedding_response(result: EmbedResult, request: EmbeddingRequest) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from deployments.core.access import estimate_tokens
 from deployments.core.chunking import chunk_count
 from deployments.core.rerank_jobs import RerankJob, RerankResult
 from deployments.errors import PayloadTooLarge
-from deployments.schemas_rerank import RerankQuery
+from deployments.ingress.rerank_schemas import RerankQuery
 
 
 def rerank_job(query: RerankQuery, model: RerankModelConfig, request_id: str) -> RerankJob:

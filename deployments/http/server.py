@@ -20,22 +20,22 @@ from deployments.errors import (
     TributaryError,
     error_response,
 )
-from deployments.openapi_doc import error_responses, install_openapi, json_request_body
-from deployments.response import to_json
-from deployments.schemas import EmbeddingRequest, EmbeddingResponse, ErrorBody, ModelList
-from deployments.schemas_generation import ChatCompletionRequest, CompletionRequest
-from deployments.schemas_rerank import (
+from deployments.http.openapi import error_responses, install_openapi, json_request_body
+from deployments.ingress.embeddings import to_json
+from deployments.ingress.generation_schemas import ChatCompletionRequest, CompletionRequest
+from deployments.ingress.rerank_schemas import (
     Dialect,
     RerankRequest,
     RerankResponse,
     TeiRank,
     TeiRerankRequest,
 )
+from deployments.ingress.schemas import EmbeddingRequest, EmbeddingResponse, ErrorBody, ModelList
 
 if TYPE_CHECKING:
     from deployments.core.access import Tenant
-    from deployments.ingress import Ingress
-    from deployments.request_meta import RequestMeta
+    from deployments.ingress.ingress import Ingress
+    from deployments.ingress.request_meta import RequestMeta
 
 logger = logging.getLogger("ray.serve")
 
@@ -106,7 +106,7 @@ def build_http_app(ingress: Ingress) -> FastAPI:
     rerank_route("/v2/rerank", "v2", RerankRequest, RerankResponse)
     rerank_route("/rerank", "tei", TeiRerankRequest, list[TeiRank])
 
-    from deployments.generation_routes import install_generation_routes
+    from deployments.http.generation import install_generation_routes
 
     install_generation_routes(app, ingress)
 

@@ -35,7 +35,7 @@ from deployments.errors import (
     Overloaded,
     TributaryError,
 )
-from deployments.schemas_generation import ChatCompletionRequest, CompletionRequest
+from deployments.ingress.generation_schemas import ChatCompletionRequest, CompletionRequest
 
 logger = logging.getLogger("ray.serve")
 

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from deployments.schemas import ErrorBody
+from deployments.ingress.schemas import ErrorBody
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 

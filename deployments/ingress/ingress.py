@@ -40,7 +40,9 @@ from deployments.errors import (
     TributaryError,
     Unauthorized,
 )
-from deployments.generation_api import (
+from deployments.http.server import build_http_app
+from deployments.ingress.embeddings import embedding_response
+from deployments.ingress.generation import (
     GenerationCall,
     Reply,
     build_job,
@@ -48,19 +50,17 @@ from deployments.generation_api import (
     sse,
     timeout_for,
 )
-from deployments.http_app import build_http_app
+from deployments.ingress.generation_schemas import parse_generation_request
+from deployments.ingress.model_client import ModelClient
+from deployments.ingress.observe import RequestObserver, note_request, observed
+from deployments.ingress.readiness import engines_problem, serve_readiness
+from deployments.ingress.request_meta import RequestMeta, choose_priority, read_meta
+from deployments.ingress.rerank import rerank_job, rerank_response, rerank_token_estimate
+from deployments.ingress.rerank_schemas import Dialect, parse_rerank_request
+from deployments.ingress.schemas import EmbeddingRequest, parse_embedding_request
+from deployments.ingress.stats_view import batching_classes, generation_classes
+from deployments.ingress.tenants import build_access_control
 from deployments.metrics import build_metrics
-from deployments.model_client import ModelClient
-from deployments.observe import RequestObserver, note_request, observed
-from deployments.readiness import engines_problem, serve_readiness
-from deployments.request_meta import RequestMeta, choose_priority, read_meta
-from deployments.rerank_api import rerank_job, rerank_response, rerank_token_estimate
-from deployments.response import embedding_response
-from deployments.schemas import EmbeddingRequest, parse_embedding_request
-from deployments.schemas_generation import parse_generation_request
-from deployments.schemas_rerank import Dialect, parse_rerank_request
-from deployments.stats_view import batching_classes, generation_classes
-from deployments.tenants import build_access_control
 
 logger = logging.getLogger("ray.serve")
 
@@ -196,7 +196,7 @@ class Ingress:
     async def generate(
         self, body: bytes, meta: RequestMeta, tenant: Tenant | None, chat: bool
     ) -> Answer:
-        """/v1/chat/completions (chat) and /v1/completions (generation_api.py)."""
+        """/v1/chat/completions (chat) and /v1/completions (ingress/generation.py)."""
         request = parse_generation_request(body, chat)
         model = self._generation_models.get(request.model)
         if model is None:

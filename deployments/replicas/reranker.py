@@ -16,11 +16,11 @@ from deployments.backends.cross_encoder import CrossEncoderScorer
 from deployments.backends.pair_scorer import PairScorer
 from deployments.backends.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
-from deployments.class_batching import ClassBatching
 from deployments.config import RerankModelConfig
 from deployments.core.rerank_jobs import RerankJob, RerankOutcome
-from deployments.device import assigned_device, torch_dtype
-from deployments.rerank_worker import PairItem, RerankWorker
+from deployments.replicas.class_batching import ClassBatching
+from deployments.replicas.device import assigned_device, torch_dtype
+from deployments.replicas.rerank_worker import PairItem, RerankWorker
 
 logger = logging.getLogger("ray.serve")
 

@@ -31,10 +31,10 @@ from deployments.config import GenerationModelConfig, GenerationQueue
 from deployments.core.generation_jobs import GenerationJob
 from deployments.core.priority import ALL_PRIORITIES, Priority
 from deployments.core.sequence_slots import SequenceSlots, SlotLimits
-from deployments.device import assigned_device, torch_dtype
-from deployments.generation_worker import Event, GenerationWorker
 from deployments.metrics import build_metrics
-from deployments.static_engine import StaticEngine
+from deployments.replicas.device import assigned_device, torch_dtype
+from deployments.replicas.generation_worker import Event, GenerationWorker
+from deployments.replicas.static_engine import StaticEngine
 
 logger = logging.getLogger("ray.serve")
 
