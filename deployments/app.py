@@ -14,7 +14,7 @@ from ray.serve import Application
 from deployments.backends.demo_llm import DEMO_PREFIX
 from deployments.backends.sources import ModelSourceError, resolve_model_source
 from deployments.config import AppConfig, ModelDeploymentConfig
-from deployments.ingress.ingress import Ingress
+from deployments.http.server import HttpIngress
 from deployments.ingress.tenants import build_access_control
 from deployments.replicas.embedder import Embedder
 from deployments.replicas.generator import Generator
@@ -54,7 +54,7 @@ def build_app(args: dict[str, Any]) -> Application:
         .bind(m.model_dump())
         for m in config.generation_models
     }
-    ingress = serve.deployment(serve.ingress()(Ingress)).options(
+    ingress = serve.deployment(serve.ingress()(HttpIngress)).options(
         name="ingress", **config.ingress.deployment.to_serve()
     )
     without_batching = {

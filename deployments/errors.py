@@ -157,3 +157,17 @@ def error_response(error: TributaryError) -> Response:
         media_type="application/json",
         headers=error.headers(),
     )
+
+
+# Said by the ingress on its estimate and by the rerank replica on the exact count.
+def too_many_passes(
+    passes: int, model: str, limit: int, param: str, *, estimated: bool
+) -> PayloadTooLarge:
+    how = "about " if estimated else ""
+    return PayloadTooLarge(
+        f"This request needs {how}{passes} chunk passes (query-document chunk pairs the model "
+        f"scores; a long document is several); model '{model}' scores at most {limit} per "
+        f"request (max_chunk_passes). Send fewer or shorter documents, lower "
+        f"max_tokens_per_doc, or score only each document's start (TEI: truncate).",
+        param=param,
+    )

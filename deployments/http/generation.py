@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 
+from deployments.http.common import json_response, read_call
 from deployments.http.openapi import error_responses, json_request_body
-from deployments.http.server import json_response, read_call
 from deployments.ingress.generation_schemas import ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def install_generation_routes(app: FastAPI, ingress: Ingress) -> None:
 
 def _route(app: FastAPI, ingress: Ingress, path: str, chat: bool, schema: type) -> None:
     async def complete(request: Request) -> Response:
-        meta, tenant, body = await read_call(ingress, request)
+        ingress, meta, tenant, body = await read_call(request)
         answer = await ingress.generate(body, meta, tenant, chat)
         if answer.events is not None:
             headers = {**answer.headers, "Cache-Control": "no-cache"}

@@ -1,10 +1,12 @@
-"""The HTTP surface of the ingress: thin FastAPI routes over an `Ingress` instance."""
+"""The HTTP face of the ingress: a FastAPI app of thin routes over an `Ingress`.
+
+The routes live one module per dialect family and read the ingress from `app.state`; this
+module assembles them, answers errors in one shape, and gives `Ingress` its ASGI hook.
+"""
 
 from __future__ import annotations
 
 import logging
-from importlib import resources
-from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -15,27 +17,19 @@ from deployments.errors import (
     InternalError,
     InvalidRequest,
     MethodNotAllowed,
-    PayloadTooLarge,
     RouteNotFound,
     TributaryError,
     error_response,
 )
-from deployments.http.openapi import error_responses, install_openapi, json_request_body
-from deployments.ingress.embeddings import to_json
+from deployments.http.embeddings import install_embedding_routes
+from deployments.http.generation import install_generation_routes
+from deployments.http.openapi import install_openapi
+from deployments.http.rerank import install_rerank_routes
+from deployments.http.service import install_service_routes
 from deployments.ingress.generation_schemas import ChatCompletionRequest, CompletionRequest
-from deployments.ingress.rerank_schemas import (
-    Dialect,
-    RerankRequest,
-    RerankResponse,
-    TeiRank,
-    TeiRerankRequest,
-)
-from deployments.ingress.schemas import EmbeddingRequest, EmbeddingResponse, ErrorBody, ModelList
-
-if TYPE_CHECKING:
-    from deployments.core.access import Tenant
-    from deployments.ingress.ingress import Ingress
-    from deployments.ingress.request_meta import RequestMeta
+from deployments.ingress.ingress import Ingress
+from deployments.ingress.rerank_schemas import RerankRequest, TeiRerankRequest
+from deployments.ingress.schemas import EmbeddingRequest
 
 logger = logging.getLogger("ray.serve")
 
@@ -48,6 +42,16 @@ REQUEST_MODELS = (
 )
 
 
+class HttpIngress(Ingress):
+    """The ingress as Serve runs it: Serve calls `__serve_build_asgi_app__` on the replica.
+
+    The hook lives here, not on `Ingress`, so that ingress/ never imports http/.
+    """
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return build_http_app(self)
+
+
 def build_http_app(ingress: Ingress) -> FastAPI:
     app = FastAPI(
         title="Tributary",
@@ -55,132 +59,14 @@ def build_http_app(ingress: Ingress) -> FastAPI:
         "completions; Cohere-, Jina- and TEI-compatible reranking.",
         version="0.1.0",
     )
+    app.state.ingress = ingress
     _install_error_handlers(app)
     install_openapi(app, REQUEST_MODELS, keys_required=not ingress.access.is_open)
-    config = ingress.config
-    max_timeout_s = config.ingress.admission.max_timeout_s
-    body_limit = f"The body is over {ingress.max_body_bytes} bytes"
-    max_inputs = ", ".join(f"{m.name}: {m.max_inputs}" for m in config.embedding_models)
-    max_documents = ", ".join(f"{m.name}: {m.max_documents}" for m in config.rerank_models)
-
-    @app.post(
-        "/v1/embeddings",
-        openapi_extra=json_request_body(EmbeddingRequest, max_timeout_s),
-        responses={
-            200: {"model": EmbeddingResponse},
-            **error_responses(
-                {
-                    413: f"{body_limit}, or it has more inputs than the model's max_inputs "
-                    f"({max_inputs})."
-                }
-            ),
-        },
-    )
-    async def embeddings(request: Request) -> Response:
-        meta, tenant, body = await read_call(ingress, request)
-        answer = await ingress.embed(body, meta, tenant)
-        return json_response(answer.body, headers=answer.headers)
-
-    def rerank_route(path: str, dialect: Dialect, schema: type, answer: Any) -> None:
-        async def rerank(request: Request) -> Response:
-            meta, tenant, body = await read_call(ingress, request)
-            result = await ingress.rerank(body, meta, tenant, dialect)
-            return json_response(result.body, headers=result.headers)
-
-        app.post(
-            path,
-            openapi_extra=json_request_body(schema, max_timeout_s),
-            responses={
-                200: {"model": answer},
-                **error_responses(
-                    {
-                        413: f"{body_limit}, or it has more documents than the model's "
-                        f"max_documents ({max_documents or 'no rerank model'})."
-                    }
-                ),
-            },
-            name=f"rerank_{dialect}",
-        )(rerank)
-
-    rerank_route("/v1/rerank", "v1", RerankRequest, RerankResponse)
-    rerank_route("/v2/rerank", "v2", RerankRequest, RerankResponse)
-    rerank_route("/rerank", "tei", TeiRerankRequest, list[TeiRank])
-
-    from deployments.http.generation import install_generation_routes
-
+    install_embedding_routes(app, ingress)
+    install_rerank_routes(app, ingress)
     install_generation_routes(app, ingress)
-
-    # HEAD where a load balancer or a probe may use it: the status of GET, no body. One
-    # route per method, so that each has its own operationId in the OpenAPI document.
-    async def models(request: Request) -> Response:
-        return json_response(ingress.list_models(), head=request.method == "HEAD")
-
-    async def healthz(request: Request) -> Response:
-        head = request.method == "HEAD"
-        try:
-            await ingress.health()
-        except TributaryError as exc:
-            if not head:
-                raise
-            return Response(status_code=exc.status, headers=exc.headers())
-        return json_response({"status": "ok"}, head=head)
-
-    health_responses: dict[int | str, dict[str, Any]] = {
-        200: {"description": 'Ready: `{"status": "ok"}`.'},
-        503: {"model": ErrorBody, "description": "A deployment is not ready."},
-    }
-    for route in (app.get, app.head):
-        route("/v1/models", responses={200: {"model": ModelList}})(models)
-        route("/healthz", responses=health_responses)(healthz)
-
-    @app.get("/v1/stats")
-    async def stats() -> Response:
-        return json_response(await ingress.stats())
-
-    status_page = resources.files("deployments").joinpath("static/status.html").read_bytes()
-
-    @app.get("/status", include_in_schema=False)
-    async def status() -> Response:
-        # A live view of /v1/stats for humans; the page fetches it every 2 s.
-        return Response(status_page, media_type="text/html; charset=utf-8")
-
+    install_service_routes(app)
     return app
-
-
-def json_response(
-    body: Any, status: int = 200, headers: dict[str, str] | None = None, head: bool = False
-) -> Response:
-    content = b"" if head else to_json(body)
-    return Response(content, status_code=status, media_type="application/json", headers=headers)
-
-
-async def read_call(ingress: Ingress, request: Request) -> tuple[RequestMeta, Tenant | None, bytes]:
-    """The headers, the caller (checked before reading a body a stranger sent) and the body."""
-    meta = ingress.read_meta(request.headers)
-    tenant = ingress.authenticate(meta)
-    body = await read_body(request, ingress.max_body_bytes)
-    return meta, tenant, body
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise InvalidRequest("Content-Length is not a number.")
-        if int(declared) > limit:
-            raise _too_large(int(declared), limit)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(size, limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _too_large(size: int, limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(f"The request body is {size} bytes or more; the limit is {limit}.")
 
 
 def _install_error_handlers(app: FastAPI) -> None:

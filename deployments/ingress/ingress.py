@@ -1,8 +1,8 @@
 """The ingress deployment: parse, validate, route, answer. Logic lives in core/.
 
-`Ingress` is a plain class built from deployment handles; `app.py` wraps it with
-`serve.ingress()`, and Serve calls `__serve_build_asgi_app__` on the replica to get the
-HTTP app. Tests build the same class with fake handles and call the app directly.
+`Ingress` is a plain class built from deployment handles. Its HTTP face lives in http/:
+`http.server.HttpIngress` adds the ASGI hook Serve calls, and `app.py` wraps that subclass
+with `serve.ingress()`. Tests build the same subclass with fake handles.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from deployments.errors import (
     TributaryError,
     Unauthorized,
 )
-from deployments.http.server import build_http_app
 from deployments.ingress.embeddings import embedding_response
 from deployments.ingress.generation import (
     GenerationCall,
@@ -116,9 +115,6 @@ class Ingress:
         self._denied: dict[str, int] = {}
         if self.access.is_open:
             _warn_if_open_to_the_network()
-
-    def __serve_build_asgi_app__(self) -> Any:
-        return build_http_app(self)
 
     @property
     def max_body_bytes(self) -> int:

@@ -23,7 +23,7 @@ from deployments.core.chunking import chunk_spans, combine_scores
 from deployments.core.jobs import EmbedRejection, deadline_rejection
 from deployments.core.relevance import to_relevance
 from deployments.core.rerank_jobs import RerankJob, RerankOutcome, RerankResult
-from deployments.ingress.rerank import too_many_passes
+from deployments.errors import too_many_passes
 from deployments.replicas.embedding_worker import EXPIRED, Dropped, JobState, failed_outcome
 
 

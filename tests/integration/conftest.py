@@ -12,7 +12,7 @@ import pytest
 
 from deployments.core.jobs import EmbedJob, EmbedOutcome, EmbedRejection, EmbedResult
 from deployments.core.metrics import MemoryRecorder, TributaryMetrics
-from deployments.ingress.ingress import Ingress
+from deployments.http.server import HttpIngress as Ingress
 
 DIM = 8
 

@@ -10,7 +10,7 @@ import httpx
 import orjson
 
 from deployments.core.generation_jobs import GenerationChunk, GenerationRejection
-from deployments.ingress.ingress import Ingress
+from deployments.http.server import HttpIngress as Ingress
 from tests.integration.conftest import CONFIG, FakeEmbedder
 
 MODEL = "fake-llm"

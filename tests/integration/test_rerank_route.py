@@ -13,7 +13,7 @@ import pytest
 
 from deployments.core.relevance import to_relevance
 from deployments.core.rerank_jobs import RerankJob, RerankOutcome, RerankResult
-from deployments.ingress.ingress import Ingress
+from deployments.http.server import HttpIngress as Ingress
 from tests.integration.conftest import CONFIG, FakeEmbedder, _Method
 
 RERANK = "fake-rerank"

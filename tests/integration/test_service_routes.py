@@ -4,7 +4,7 @@ from typing import Any
 
 import httpx
 
-from deployments.ingress.ingress import Ingress
+from deployments.http.server import HttpIngress as Ingress
 from tests.integration.conftest import CONFIG, FakeEmbedder, Harness
 
 
