@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from deployments.core.priority import PriorityName
+
 
 class StrictModel(BaseModel):
     # Unknown keys are typos in a config file; reject them instead of ignoring them.
@@ -88,9 +90,6 @@ class DeploymentOptions(StrictModel):
             options["num_replicas"] = 1
         options["ray_actor_options"] = self.ray_actor_options.to_ray()
         return options
-
-
-PriorityName = Literal["realtime", "normal", "batch"]
 
 
 class BatchSettings(StrictModel):
@@ -208,17 +207,21 @@ class RerankModelConfig(ModelDeploymentConfig):
     )
 
 
+_MAX_QUEUED: dict[PriorityName, int] = {"realtime": 64, "normal": 256, "batch": 1024}
+_AGED_AFTER_S: dict[PriorityName, float | None] = {"realtime": None, "normal": 2.0, "batch": 5.0}
+
+
 class GenerationQueue(StrictModel):
     """How a generation replica admits sequences into its engine, per priority class. Sent
     as the deployment's `user_config`, so it changes at runtime without a restart."""
 
     max_queued: dict[PriorityName, int] = Field(
-        default_factory=lambda: {"realtime": 64, "normal": 256, "batch": 1024},
+        default_factory=lambda: dict(_MAX_QUEUED),
         description="Requests of a class waiting for a slot, at most (then 429, or 503 "
         "for realtime).",
     )
     aged_after_s: dict[PriorityName, float | None] = Field(
-        default_factory=lambda: {"realtime": None, "normal": 2.0, "batch": 5.0},
+        default_factory=lambda: dict(_AGED_AFTER_S),
         description="A waiting request of this class that has waited this long goes "
         "ahead of higher classes; None = strict priority.",
     )

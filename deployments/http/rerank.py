@@ -23,11 +23,12 @@ if TYPE_CHECKING:
 
 
 def install_rerank_routes(app: FastAPI, ingress: Ingress) -> None:
-    for path, dialect, schema, answer in (
+    routes: tuple[tuple[str, Dialect, type, Any], ...] = (
         ("/v1/rerank", "v1", RerankRequest, RerankResponse),
         ("/v2/rerank", "v2", RerankRequest, RerankResponse),
         ("/rerank", "tei", TeiRerankRequest, list[TeiRank]),
-    ):
+    )
+    for path, dialect, schema, answer in routes:
         _route(app, ingress, path, dialect, schema, answer)
 
 

@@ -129,7 +129,7 @@ def build_job(
 
 
 def timeout_for(admission: AdmissionConfig, priority: Priority, asked: float | None) -> float:
-    return asked if asked is not None else admission.of(priority.label).timeout_s  # type: ignore[arg-type]
+    return asked if asked is not None else admission.of(priority.label).timeout_s
 
 
 class Reply:

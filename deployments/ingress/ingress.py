@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from deployments.config import (
     AppConfig,
@@ -215,7 +215,7 @@ class Ingress:
             self.access.settle(tenant, estimate, 0)
             raise
         reply = Reply(chat, model.name)
-        headers = {"X-Priority": priority.label}
+        headers: dict[str, str] = {"X-Priority": priority.label}
         if request.stream:
 
             def settle(last: Any) -> None:
@@ -259,7 +259,7 @@ class Ingress:
         tokens the model counted, none for a job that failed."""
         note_request(priority=priority.label, items=len(job))
         self._guard(lambda: self.access.charge(tenant, estimate))
-        admission = self.config.ingress.admission.of(priority.label)  # type: ignore[arg-type]
+        admission = self.config.ingress.admission.of(priority.label)
         timeout_s = meta.timeout_s if meta.timeout_s is not None else admission.timeout_s
         try:
             outcome = await self._submit(model, priority, job, timeout_s)
@@ -371,24 +371,29 @@ def _http_host() -> str | None:
     try:
         from ray.serve.context import _get_global_client
 
-        return str(_get_global_client().http_config.host)
+        client = _get_global_client()
+        return None if client is None else str(client.http_config.host)
     except Exception:
         return None
 
 
 def _job_of(request: EmbeddingRequest, model: EmbeddingModelConfig, request_id: str) -> EmbedJob:
     value = request.input
-    ids = {"job_id": uuid.uuid4().hex, "request_id": request_id}
+    job_id = uuid.uuid4().hex
+    # The schema's union is checked; an isinstance on the first item tells which member.
     if isinstance(value, str):
-        job = EmbedJob(texts=[value], **ids)
+        job = EmbedJob(texts=[value], job_id=job_id, request_id=request_id)
     elif not value:
         raise InvalidRequest("'input' must not be an empty array.", param="input")
     elif isinstance(value[0], str):
-        job = EmbedJob(texts=value, **ids)  # type: ignore[arg-type]
+        texts = cast(list[str], value)
+        job = EmbedJob(texts=texts, job_id=job_id, request_id=request_id)
     elif isinstance(value[0], int):
-        job = EmbedJob(token_ids=[value], **ids)  # type: ignore[list-item]
+        one = cast(list[int], value)
+        job = EmbedJob(token_ids=[one], job_id=job_id, request_id=request_id)
     else:
-        job = EmbedJob(token_ids=value, **ids)  # type: ignore[arg-type]
+        many = cast(list[list[int]], value)
+        job = EmbedJob(token_ids=many, job_id=job_id, request_id=request_id)
     inputs = job.texts if job.texts is not None else job.token_ids
     assert inputs is not None
     if any(len(item) == 0 for item in inputs):

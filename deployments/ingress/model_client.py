@@ -46,10 +46,10 @@ class ModelClient:
         settings = {
             p: ClassSettings(
                 ClassLimits(
-                    admission.of(p.label).max_queued_items,  # type: ignore[arg-type]
-                    admission.of(p.label).shed_above_queued_items,  # type: ignore[arg-type]
+                    admission.of(p.label).max_queued_items,
+                    admission.of(p.label).shed_above_queued_items,
                 ),
-                admission.of(p.label).max_in_flight,  # type: ignore[arg-type]
+                admission.of(p.label).max_in_flight,
             )
             for p in ALL_PRIORITIES
         }

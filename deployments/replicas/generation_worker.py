@@ -11,14 +11,19 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
 
 from deployments.backends.continuous import EngineDown, EngineOutput, OnOutput
 from deployments.backends.sampling import SamplingParams
 from deployments.backends.text_stream import TextStream
-from deployments.core.generation_jobs import GenerationChunk, GenerationJob, GenerationRejection
+from deployments.core.generation_jobs import (
+    FinishReason,
+    GenerationChunk,
+    GenerationJob,
+    GenerationRejection,
+)
 from deployments.core.metrics import TributaryMetrics
 from deployments.core.priority import Priority
 from deployments.core.sequence_slots import QueueFull, SequenceSlots, SlotTimeout
@@ -86,7 +91,7 @@ class GenerationWorker:
 
     async def run(
         self, priority: Priority, job: GenerationJob, time_left_s: float | None
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         arrived = self._clock()
         deadline = None if time_left_s is None else arrived + time_left_s
         self.counts["requests"] += 1
@@ -163,7 +168,7 @@ class GenerationWorker:
         time_left_s: float | None,
         priority: Priority,
         arrived: float,
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         outputs: asyncio.Queue[EngineOutput] = asyncio.Queue()
         sequence_id = f"{job.request_id}-{uuid.uuid4().hex[:8]}"
         sampling = SamplingParams(job.temperature, job.top_p, job.seed)
@@ -203,7 +208,7 @@ class GenerationWorker:
                 )
                 delta = text.update(output.tokens, final=output.finished)
                 finished = output.finished or delta.stopped
-                reason = None
+                reason: FinishReason | None = None
                 if finished:
                     reason = "stop" if delta.stopped or output.hit_eos else "length"
                 if delta.text or finished or not sent_any:

@@ -99,8 +99,8 @@ class Generator:
         return SlotLimits(
             max_num_seqs=self.config.max_num_seqs,
             max_tokens=self.config.kv_cache_tokens,
-            max_queued={p: queue.max_queued.get(p.label, 0) for p in ALL_PRIORITIES},  # type: ignore[call-overload]
-            aged_after_s={p: queue.aged_after_s.get(p.label) for p in ALL_PRIORITIES},  # type: ignore[call-overload]
+            max_queued={p: queue.max_queued.get(p.label, 0) for p in ALL_PRIORITIES},
+            aged_after_s={p: queue.aged_after_s.get(p.label) for p in ALL_PRIORITIES},
         )
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
