@@ -64,7 +64,7 @@ def build_app(args: dict[str, Any]) -> Application:
     }
     return ingress.bind(
         config.model_dump(exclude=without_batching),
-        embedders,
+        embedders=embedders,
         rerankers=rerankers,
         generators=generators,
     )

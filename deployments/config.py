@@ -386,9 +386,19 @@ def _is_hex(text: str) -> bool:
 class AppConfig(StrictModel):
     ingress: IngressConfig = IngressConfig()
     auth: AuthConfig = AuthConfig()
-    embedding_models: list[EmbeddingModelConfig] = Field(..., min_length=1)
+    # Any non-empty combination of tasks is an app; see _serves_a_model.
+    embedding_models: list[EmbeddingModelConfig] = Field(default_factory=list)
     rerank_models: list[RerankModelConfig] = Field(default_factory=list)
     generation_models: list[GenerationModelConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _serves_a_model(self) -> AppConfig:
+        if not (self.embedding_models or self.rerank_models or self.generation_models):
+            raise ValueError(
+                "no models: name at least one in embedding_models, rerank_models or "
+                "generation_models"
+            )
+        return self
 
     @model_validator(mode="after")
     def _names_are_unique(self) -> AppConfig:

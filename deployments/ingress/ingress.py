@@ -78,10 +78,12 @@ class Ingress:
     def __init__(
         self,
         config: dict[str, Any],
-        embedders: dict[str, Any],  # model name -> DeploymentHandle of its Embedder
+        *,
+        # Per task, model name -> DeploymentHandle of its replica; one per configured model.
+        embedders: dict[str, Any] | None = None,
+        rerankers: dict[str, Any] | None = None,
+        generators: dict[str, Any] | None = None,
         readiness: ReadinessCheck | None = None,
-        rerankers: dict[str, Any] | None = None,  # model name -> handle of its Reranker
-        generators: dict[str, Any] | None = None,  # model name -> handle of its Generator
         metrics: TributaryMetrics | None = None,  # None: Ray's, inside a Ray worker
     ) -> None:
         self.config = AppConfig.model_validate(config)
@@ -101,7 +103,9 @@ class Ingress:
         self.access = build_access_control(self.config.auth)
         ingress = self.config.ingress
         self._clients = {
-            name: ModelClient(name, embedders[name], ingress.admission, ingress.max_group_items)
+            name: ModelClient(
+                name, (embedders or {})[name], ingress.admission, ingress.max_group_items
+            )
             for name in self._models
         }
         for name in self._rerank_models:

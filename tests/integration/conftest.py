@@ -119,7 +119,7 @@ class Harness:
         # Every configured model is served by the same fake.
         handles = {model["name"]: self.embedder for model in config["embedding_models"]}
         self.ingress = Ingress(
-            config, handles, readiness=readiness, metrics=TributaryMetrics(self.recorder)
+            config, embedders=handles, readiness=readiness, metrics=TributaryMetrics(self.recorder)
         )
         self.app = self.ingress.__serve_build_asgi_app__()
 

@@ -35,8 +35,8 @@ class FullApp:
 
         ingress = Ingress(
             config,
-            {EMBEDDER: self.embedder},
-            ready,
+            embedders={EMBEDDER: self.embedder},
+            readiness=ready,
             rerankers={RERANK: self.reranker},
             generators={LLM: self.generator},
         )

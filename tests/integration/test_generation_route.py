@@ -67,7 +67,12 @@ def app_and_fake() -> tuple[Any, FakeGenerator]:
     async def ready() -> None:
         return None
 
-    ingress = Ingress(config, {"fake-embedder": FakeEmbedder()}, ready, generators={MODEL: fake})
+    ingress = Ingress(
+        config,
+        embedders={"fake-embedder": FakeEmbedder()},
+        readiness=ready,
+        generators={MODEL: fake},
+    )
     return ingress.__serve_build_asgi_app__(), fake
 
 

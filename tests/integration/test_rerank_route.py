@@ -85,7 +85,10 @@ async def client(reranker: FakeReranker) -> AsyncIterator[httpx.AsyncClient]:
         return None
 
     ingress = Ingress(
-        rerank_config(), {"fake-embedder": FakeEmbedder()}, ready, rerankers={RERANK: reranker}
+        rerank_config(),
+        embedders={"fake-embedder": FakeEmbedder()},
+        readiness=ready,
+        rerankers={RERANK: reranker},
     )
     transport = httpx.ASGITransport(app=ingress.__serve_build_asgi_app__())
     async with httpx.AsyncClient(transport=transport, base_url="http://ingress") as c:
