@@ -11,6 +11,8 @@ import math
 import orjson
 from starlette.responses import Response
 
+from deployments.core.jobs import Rejection
+
 
 class TributaryError(Exception):
     status: int = 500
@@ -170,4 +172,22 @@ def too_many_passes(
         f"request (max_chunk_passes). Send fewer or shorter documents, lower "
         f"max_tokens_per_doc, or score only each document's start (TEI: truncate).",
         param=param,
+    )
+
+
+# What a model replica's refusal answers over HTTP, for every task.
+def rejection_error(rejection: Rejection) -> TributaryError:
+    if rejection.status == 504:
+        return DeadlineExceeded(rejection.message)
+    if rejection.status in (429, 503):
+        return Overloaded(
+            rejection.message,
+            retry_after_s=rejection.retry_after_s,
+            status=rejection.status,
+            code=rejection.code,
+        )
+    if rejection.status >= 500:
+        return ModelFailed()
+    return InvalidRequest(
+        rejection.message, param=rejection.param, code=rejection.code, status=rejection.status
     )

@@ -30,14 +30,3 @@ class GenerationChunk:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: FinishReason | None = None
-
-
-@dataclass(frozen=True)
-class GenerationRejection:
-    """Sent instead of any chunk when the request cannot be served; mirrors an HTTP error."""
-
-    status: int
-    message: str
-    param: str | None = None
-    code: str | None = None
-    retry_after_s: float | None = None

@@ -3,7 +3,7 @@
 One `EmbedJob` is one HTTP request's inputs; the ingress sends a list of jobs (one per
 concurrent request of one priority class) in a single call, with the seconds each has left
 before its deadline, and gets back one outcome per job, in order. A job that cannot be
-served (too long, bad token ids, out of time) gets an `EmbedRejection` without failing the
+served (too long, bad token ids, out of time) gets an `Rejection` without failing the
 other jobs of its call.
 """
 
@@ -38,22 +38,21 @@ class EmbedResult:
 
 
 @dataclass(frozen=True)
-class EmbedRejection:
-    """A job the model deployment refused; `status` is the HTTP status to answer."""
+class Rejection:
+    """A job a model deployment refused, of any task; `status` is the HTTP status to answer.
+    A generation replica sends it instead of any chunk."""
 
     status: int
     message: str
     param: str | None = None
     code: str | None = None
-    error_type: str = "invalid_request_error"
+    retry_after_s: float | None = None  # with 429 and 503
 
 
-EmbedOutcome = EmbedResult | EmbedRejection
+EmbedOutcome = EmbedResult | Rejection
 
 DEADLINE_MESSAGE = "The request's deadline passed before the model reached it."
 
 
-def deadline_rejection() -> EmbedRejection:
-    return EmbedRejection(
-        504, DEADLINE_MESSAGE, code="deadline_exceeded", error_type="timeout_error"
-    )
+def deadline_rejection() -> Rejection:
+    return Rejection(504, DEADLINE_MESSAGE, code="deadline_exceeded")

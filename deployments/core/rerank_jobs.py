@@ -2,7 +2,7 @@
 
 One `RerankJob` is one HTTP request: a query and its documents. As for embeddings, the
 ingress sends the jobs of one priority class together and gets one outcome per job back;
-a job the model cannot serve gets an `EmbedRejection` (the shared rejection shape).
+a job the model cannot serve gets an `Rejection` (the shared rejection shape).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from deployments.core.jobs import EmbedRejection
+from deployments.core.jobs import Rejection
 
 
 @dataclass(frozen=True)
@@ -44,4 +44,4 @@ class RerankResult:
     truncated: list[int] = field(default_factory=list)  # documents cut at max_tokens_per_doc
 
 
-RerankOutcome = RerankResult | EmbedRejection
+RerankOutcome = RerankResult | Rejection

@@ -25,7 +25,8 @@ from ray.serve.exceptions import (
 )
 
 from deployments.config import AdmissionConfig, GenerationModelConfig
-from deployments.core.generation_jobs import GenerationChunk, GenerationJob, GenerationRejection
+from deployments.core.generation_jobs import GenerationChunk, GenerationJob
+from deployments.core.jobs import Rejection
 from deployments.core.priority import Priority
 from deployments.errors import (
     DeadlineExceeded,
@@ -34,6 +35,7 @@ from deployments.errors import (
     NotReady,
     Overloaded,
     TributaryError,
+    rejection_error,
 )
 from deployments.ingress.generation_schemas import ChatCompletionRequest, CompletionRequest
 
@@ -71,9 +73,9 @@ class GenerationCall:
         except BaseException as exc:
             self.cancel()
             raise _call_error(self.model, self.priority, exc) from None
-        if isinstance(first, GenerationRejection):
+        if isinstance(first, Rejection):
             self.cancel()
-            raise _rejection_error(first)
+            raise rejection_error(first)
         return first
 
     async def rest(self) -> AsyncIterator[GenerationChunk]:
@@ -218,23 +220,6 @@ async def sse(
     finally:
         call.cancel()
         on_end(last)
-
-
-def _rejection_error(rejection: GenerationRejection) -> TributaryError:
-    if rejection.status == 504:
-        return DeadlineExceeded(rejection.message)
-    if rejection.status in (429, 503):
-        return Overloaded(
-            rejection.message,
-            retry_after_s=rejection.retry_after_s,
-            status=rejection.status,
-            code=rejection.code,
-        )
-    if rejection.status >= 500:
-        return ModelFailed()
-    return InvalidRequest(
-        rejection.message, param=rejection.param, code=rejection.code, status=rejection.status
-    )
 
 
 def _call_error(model: str, priority: Priority, exc: BaseException) -> BaseException:

@@ -10,10 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from deployments.config import (
     AppConfig,
@@ -24,23 +23,25 @@ from deployments.config import (
 from deployments.core.access import AccessDenied, Tenant, estimate_tokens
 from deployments.core.class_queues import Refused, loop_deadline
 from deployments.core.coalescer import DeadlineExpired
-from deployments.core.jobs import EmbedJob, EmbedRejection
+from deployments.core.jobs import Rejection
 from deployments.core.metrics import TributaryMetrics
 from deployments.core.priority import Priority
 from deployments.errors import (
     DeadlineExceeded,
     Forbidden,
-    InvalidRequest,
-    ModelFailed,
     ModelNotFound,
     NotReady,
     Overloaded,
-    PayloadTooLarge,
     RateLimited,
     TributaryError,
     Unauthorized,
+    rejection_error,
 )
-from deployments.ingress.embeddings import embedding_response
+from deployments.ingress.embeddings import (
+    embedding_job,
+    embedding_response,
+    embedding_token_estimate,
+)
 from deployments.ingress.generation import (
     GenerationCall,
     Reply,
@@ -56,7 +57,7 @@ from deployments.ingress.readiness import engines_problem, serve_readiness
 from deployments.ingress.request_meta import RequestMeta, choose_priority, read_meta
 from deployments.ingress.rerank import rerank_job, rerank_response, rerank_token_estimate
 from deployments.ingress.rerank_schemas import Dialect, parse_rerank_request
-from deployments.ingress.schemas import EmbeddingRequest, parse_embedding_request
+from deployments.ingress.schemas import parse_embedding_request
 from deployments.ingress.stats_view import batching_classes, generation_classes
 from deployments.ingress.tenants import build_access_control
 from deployments.metrics import build_metrics
@@ -164,8 +165,10 @@ class Ingress:
                 param="model",
             )
         priority = self._admit(model, request.priority, meta, tenant)
-        job = _job_of(request, model, meta.request_id)
-        outcome = await self._run(model.name, priority, job, _token_estimate(job), meta, tenant)
+        job = embedding_job(request, model, meta.request_id)
+        outcome = await self._run(
+            model.name, priority, job, embedding_token_estimate(job), meta, tenant
+        )
         return Answer(embedding_response(outcome, request), {"X-Priority": priority.label})
 
     @observed
@@ -267,8 +270,8 @@ class Ingress:
         timeout_s = meta.timeout_s if meta.timeout_s is not None else admission.timeout_s
         try:
             outcome = await self._submit(model, priority, job, timeout_s)
-            if isinstance(outcome, EmbedRejection):
-                raise _rejection_error(outcome)
+            if isinstance(outcome, Rejection):
+                raise rejection_error(outcome)
         except BaseException:
             self.access.settle(tenant, estimate, 0)  # tokens never computed are not charged
             raise
@@ -353,12 +356,6 @@ def _access_error(exc: AccessDenied) -> TributaryError:
     return RateLimited(exc.message, retry_after_s=exc.retry_after_s)
 
 
-def _token_estimate(job: EmbedJob) -> int:
-    if job.texts is not None:
-        return estimate_tokens(job.texts)
-    return sum(len(ids) + 2 for ids in job.token_ids or ())
-
-
 def _warn_if_open_to_the_network() -> None:
     host = _http_host()
     if host is not None and host not in ("127.0.0.1", "localhost", "::1"):
@@ -379,43 +376,3 @@ def _http_host() -> str | None:
         return None if client is None else str(client.http_config.host)
     except Exception:
         return None
-
-
-def _job_of(request: EmbeddingRequest, model: EmbeddingModelConfig, request_id: str) -> EmbedJob:
-    value = request.input
-    job_id = uuid.uuid4().hex
-    # The schema's union is checked; an isinstance on the first item tells which member.
-    if isinstance(value, str):
-        job = EmbedJob(texts=[value], job_id=job_id, request_id=request_id)
-    elif not value:
-        raise InvalidRequest("'input' must not be an empty array.", param="input")
-    elif isinstance(value[0], str):
-        texts = cast(list[str], value)
-        job = EmbedJob(texts=texts, job_id=job_id, request_id=request_id)
-    elif isinstance(value[0], int):
-        one = cast(list[int], value)
-        job = EmbedJob(token_ids=[one], job_id=job_id, request_id=request_id)
-    else:
-        many = cast(list[list[int]], value)
-        job = EmbedJob(token_ids=many, job_id=job_id, request_id=request_id)
-    inputs = job.texts if job.texts is not None else job.token_ids
-    assert inputs is not None
-    if any(len(item) == 0 for item in inputs):
-        raise InvalidRequest("'input' must not contain empty strings or arrays.", param="input")
-    if len(inputs) > model.max_inputs:
-        raise PayloadTooLarge(
-            f"{len(inputs)} inputs in one request; model '{model.name}' accepts at most "
-            f"{model.max_inputs}.",
-            param="input",
-        )
-    return job
-
-
-def _rejection_error(rejection: EmbedRejection) -> TributaryError:
-    if rejection.status == 504:
-        return DeadlineExceeded(rejection.message)
-    if rejection.status >= 500:
-        return ModelFailed()
-    return InvalidRequest(
-        rejection.message, param=rejection.param, code=rejection.code, status=rejection.status
-    )

@@ -22,8 +22,8 @@ from deployments.core.generation_jobs import (
     FinishReason,
     GenerationChunk,
     GenerationJob,
-    GenerationRejection,
 )
+from deployments.core.jobs import Rejection
 from deployments.core.metrics import TributaryMetrics
 from deployments.core.priority import Priority
 from deployments.core.sequence_slots import QueueFull, SequenceSlots, SlotTimeout
@@ -61,7 +61,7 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
 
-Event = GenerationChunk | GenerationRejection
+Event = GenerationChunk | Rejection
 
 
 class GenerationWorker:
@@ -101,7 +101,7 @@ class GenerationWorker:
         if not prompt:
             # A sequence of no tokens has nothing to condition on, and a forward pass over
             # it fails in the engine: it must never get there.
-            yield GenerationRejection(
+            yield Rejection(
                 400,
                 f"The {param} is empty once tokenized; give at least one token of text.",
                 param=param,
@@ -109,7 +109,7 @@ class GenerationWorker:
             )
             return
         if len(prompt) + job.max_tokens > window:
-            yield GenerationRejection(
+            yield Rejection(
                 400,
                 f"This model's context window is {window} tokens; the prompt has "
                 f"{len(prompt)} and max_tokens asks for {job.max_tokens} more. Shorten the "
@@ -126,7 +126,7 @@ class GenerationWorker:
             self._report_sequences()
             slot = await self.slots.acquire(priority, len(prompt) + job.max_tokens, deadline)
         except QueueFull as full:
-            yield GenerationRejection(
+            yield Rejection(
                 503 if priority is Priority.REALTIME else 429,
                 f"The generation queue for {priority.label}-class requests is full "
                 f"({full.queued} waiting, limit {full.limit}); retry shortly.",
@@ -199,7 +199,7 @@ class GenerationWorker:
                 if output.error is not None:
                     finished = True  # the engine has let go of it already
                     failure = self._failure(output, sent_any)
-                    if isinstance(failure, GenerationRejection):
+                    if isinstance(failure, Rejection):
                         yield failure
                         return
                     raise failure
@@ -226,7 +226,7 @@ class GenerationWorker:
             elif output is not None and not output.finished:
                 self.engine.cancel(sequence_id)  # a stop sequence ended it early
 
-    def _failure(self, output: EngineOutput, sent_any: bool) -> GenerationRejection | Exception:
+    def _failure(self, output: EngineOutput, sent_any: bool) -> Rejection | Exception:
         """What the caller gets for a sequence the engine failed: a rejection while no
         chunk has gone out, an exception mid-stream (the ingress ends the stream with an
         error event). A dead engine is a 503 to retry; a failure of this sequence alone
@@ -242,7 +242,7 @@ class GenerationWorker:
             )
         self.counts["failed"] += 1
         if not sent_any:
-            return GenerationRejection(500, "The model failed on this request.", code="model_error")
+            return Rejection(500, "The model failed on this request.", code="model_error")
         return RuntimeError(f"generation failed: {output.error}")
 
     def _time_tokens(
@@ -263,8 +263,8 @@ class GenerationWorker:
         return {**self.counts, "slots": vars(self.slots.stats)}
 
 
-def _engine_down() -> GenerationRejection:
-    return GenerationRejection(
+def _engine_down() -> Rejection:
+    return Rejection(
         503,
         "The generation engine is restarting; retry shortly.",
         code="engine_restarting",
@@ -272,9 +272,9 @@ def _engine_down() -> GenerationRejection:
     )
 
 
-def _deadline_passed(time_left_s: float | None) -> GenerationRejection:
+def _deadline_passed(time_left_s: float | None) -> Rejection:
     limit = "" if time_left_s is None else f" of {time_left_s:g} s"
-    return GenerationRejection(
+    return Rejection(
         504,
         f"No first token within the request's deadline{limit} (X-Request-Timeout or the "
         "class default).",

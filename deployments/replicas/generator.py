@@ -1,7 +1,7 @@
 """The generation deployment: a causal LM behind priority-aware slots, streaming tokens.
 
 The ingress calls `generate` with `handle.options(stream=True)`; it is an async generator
-that yields `GenerationChunk`s as tokens come (or one `GenerationRejection`). The engine is
+that yields `GenerationChunk`s as tokens come (or one `Rejection`). The engine is
 transformers' continuous-batching manager by default (`engine: continuous`: sequences join
 and leave the running batch at every step, on the manager's own thread) or, for
 comparison, `@serve.batch` over batched `generate` (`engine: static`). In front of either,

@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from deployments.core.jobs import EmbedJob, EmbedOutcome, EmbedRejection, EmbedResult
+from deployments.core.jobs import EmbedJob, EmbedOutcome, EmbedResult, Rejection
 from deployments.core.metrics import MemoryRecorder, TributaryMetrics
 from deployments.http.server import HttpIngress as Ingress
 
@@ -44,7 +44,7 @@ class FakeEmbedder:
         self.forgotten: list[str] = []
         self.cancelled_calls = 0
         self.fail: Exception | None = None
-        self.reject: EmbedRejection | None = None
+        self.reject: Rejection | None = None
         self.gate = asyncio.Event()
         self.gate.set()
         self.embed_jobs = _Method(self._embed_jobs)

@@ -9,7 +9,8 @@ from typing import Any
 import httpx
 import orjson
 
-from deployments.core.generation_jobs import GenerationChunk, GenerationRejection
+from deployments.core.generation_jobs import GenerationChunk
+from deployments.core.jobs import Rejection
 from deployments.http.server import HttpIngress as Ingress
 from tests.integration.conftest import CONFIG, FakeEmbedder
 
@@ -118,10 +119,10 @@ async def test_stream_is_openai_sse_with_usage_and_done() -> None:
 
 async def test_rejections_become_http_errors() -> None:
     app, fake = app_and_fake()
-    fake.events = [GenerationRejection(504, "No first token", code="deadline_exceeded")]
+    fake.events = [Rejection(504, "No first token", code="deadline_exceeded")]
     async with client_of(app) as client:
         late = await client.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
-        fake.events = [GenerationRejection(429, "full", code="queue_full", retry_after_s=1)]
+        fake.events = [Rejection(429, "full", code="queue_full", retry_after_s=1)]
         full = await client.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
         over = await client.post(
             "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 9999}
