@@ -11,7 +11,7 @@ import math
 import orjson
 from starlette.responses import Response
 
-from deployments.core.jobs import Rejection
+from deployments.core.protocol import Rejection
 
 
 class TributaryError(Exception):

@@ -10,7 +10,7 @@ import orjson
 
 from deployments.config import EmbeddingModelConfig
 from deployments.core.access import estimate_tokens
-from deployments.core.jobs import EmbedJob, EmbedResult
+from deployments.core.protocol import EmbedJob, EmbedResult
 from deployments.core.vectors import shrink_dimensions, to_base64
 from deployments.errors import InvalidRequest, PayloadTooLarge
 from deployments.ingress.schemas import EmbeddingRequest

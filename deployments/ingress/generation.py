@@ -25,9 +25,8 @@ from ray.serve.exceptions import (
 )
 
 from deployments.config import AdmissionConfig, GenerationModelConfig
-from deployments.core.generation_jobs import GenerationChunk, GenerationJob
-from deployments.core.jobs import Rejection
 from deployments.core.priority import Priority
+from deployments.core.protocol import GenerationChunk, GenerationJob, Rejection
 from deployments.errors import (
     DeadlineExceeded,
     InvalidRequest,

@@ -23,9 +23,9 @@ from deployments.config import (
 from deployments.core.access import AccessDenied, Tenant, estimate_tokens
 from deployments.core.class_queues import Refused, loop_deadline
 from deployments.core.coalescer import DeadlineExpired
-from deployments.core.jobs import Rejection
 from deployments.core.metrics import TributaryMetrics
 from deployments.core.priority import Priority
+from deployments.core.protocol import Rejection
 from deployments.errors import (
     DeadlineExceeded,
     Forbidden,

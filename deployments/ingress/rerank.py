@@ -9,7 +9,7 @@ from typing import Any
 from deployments.config import RerankModelConfig
 from deployments.core.access import estimate_tokens
 from deployments.core.chunking import chunk_count
-from deployments.core.rerank_jobs import RerankJob, RerankResult
+from deployments.core.protocol import RerankJob, RerankResult
 from deployments.errors import PayloadTooLarge, too_many_passes
 from deployments.ingress.rerank_schemas import RerankQuery
 

@@ -22,7 +22,7 @@ import numpy as np
 from deployments.backends.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
 from deployments.config import EmbeddingModelConfig
-from deployments.core.jobs import EmbedJob, EmbedOutcome
+from deployments.core.protocol import EmbedJob, EmbedOutcome
 from deployments.replicas.class_batching import ClassBatching
 from deployments.replicas.device import assigned_device, torch_dtype
 from deployments.replicas.embedding_worker import EmbeddingWorker, Item

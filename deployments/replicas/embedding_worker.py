@@ -20,7 +20,7 @@ import numpy as np
 from deployments.backends.sentence_embedder import SentenceEmbedder
 from deployments.config import EmbeddingModelConfig
 from deployments.core.batch_budget import BatchBudget
-from deployments.core.jobs import (
+from deployments.core.protocol import (
     EmbedJob,
     EmbedOutcome,
     EmbedResult,

@@ -18,14 +18,14 @@ from typing import Any, Protocol
 from deployments.backends.continuous import EngineDown, EngineOutput, OnOutput
 from deployments.backends.sampling import SamplingParams
 from deployments.backends.text_stream import TextStream
-from deployments.core.generation_jobs import (
+from deployments.core.metrics import TributaryMetrics
+from deployments.core.priority import Priority
+from deployments.core.protocol import (
     FinishReason,
     GenerationChunk,
     GenerationJob,
+    Rejection,
 )
-from deployments.core.jobs import Rejection
-from deployments.core.metrics import TributaryMetrics
-from deployments.core.priority import Priority
 from deployments.core.sequence_slots import QueueFull, SequenceSlots, SlotTimeout
 from deployments.errors import NotReady
 

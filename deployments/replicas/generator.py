@@ -28,8 +28,8 @@ from deployments.backends.causal_lm import CausalLM, resolve_lm_source
 from deployments.backends.continuous import ContinuousEngine, ContinuousSettings, first_output
 from deployments.backends.sampling import SamplingParams
 from deployments.config import GenerationModelConfig, GenerationQueue
-from deployments.core.generation_jobs import GenerationJob
 from deployments.core.priority import ALL_PRIORITIES, Priority
+from deployments.core.protocol import GenerationJob
 from deployments.core.sequence_slots import SequenceSlots, SlotLimits
 from deployments.metrics import build_metrics
 from deployments.replicas.device import assigned_device, torch_dtype

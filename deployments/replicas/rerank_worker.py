@@ -20,9 +20,14 @@ from deployments.backends.pair_scorer import PairScorer
 from deployments.config import RerankModelConfig
 from deployments.core.batch_budget import BatchBudget
 from deployments.core.chunking import chunk_spans, combine_scores
-from deployments.core.jobs import Rejection, deadline_rejection
+from deployments.core.protocol import (
+    Rejection,
+    RerankJob,
+    RerankOutcome,
+    RerankResult,
+    deadline_rejection,
+)
 from deployments.core.relevance import to_relevance
-from deployments.core.rerank_jobs import RerankJob, RerankOutcome, RerankResult
 from deployments.errors import too_many_passes
 from deployments.replicas.embedding_worker import EXPIRED, Dropped, JobState, failed_outcome
 

@@ -17,7 +17,7 @@ from deployments.backends.pair_scorer import PairScorer
 from deployments.backends.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
 from deployments.config import RerankModelConfig
-from deployments.core.rerank_jobs import RerankJob, RerankOutcome
+from deployments.core.protocol import RerankJob, RerankOutcome
 from deployments.replicas.class_batching import ClassBatching
 from deployments.replicas.device import assigned_device, torch_dtype
 from deployments.replicas.rerank_worker import PairItem, RerankWorker

@@ -10,8 +10,8 @@ import httpx
 import numpy as np
 import pytest
 
-from deployments.core.jobs import EmbedJob, EmbedOutcome, EmbedResult, Rejection
 from deployments.core.metrics import MemoryRecorder, TributaryMetrics
+from deployments.core.protocol import EmbedJob, EmbedOutcome, EmbedResult, Rejection
 from deployments.http.server import HttpIngress as Ingress
 
 DIM = 8

@@ -5,7 +5,7 @@ import httpx
 import numpy as np
 import pytest
 
-from deployments.core.jobs import Rejection
+from deployments.core.protocol import Rejection
 from tests.integration.conftest import DIM, Harness, fake_vector
 
 MODEL = "fake-embedder"

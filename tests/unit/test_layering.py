@@ -24,7 +24,6 @@ RANKS: dict[str, tuple[int, str]] = {
     "deployments.serve_options": (2, "shared"),
     "deployments.errors": (2, "shared"),
     "deployments.metrics": (2, "shared"),
-    "deployments.protocol": (2, "shared"),
     "deployments.ingress": (3, "ingress"),
     "deployments.replicas": (3, "replicas"),
     "deployments.http": (4, "http"),

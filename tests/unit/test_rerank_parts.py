@@ -84,7 +84,7 @@ def test_cross_encoder_loads_a_saved_checkpoint(tmp_path: Path) -> None:
 
 def test_chunk_pass_estimate_follows_window_caps_and_truncation() -> None:
     from deployments.config import RerankModelConfig
-    from deployments.core.rerank_jobs import RerankJob
+    from deployments.core.protocol import RerankJob
     from deployments.ingress.rerank import estimated_chunk_passes
 
     def model(backend: str) -> RerankModelConfig:

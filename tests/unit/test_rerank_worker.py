@@ -7,9 +7,8 @@ import pytest
 
 from deployments.config import RerankModelConfig
 from deployments.core.batch_budget import BatchBudget
-from deployments.core.jobs import Rejection
+from deployments.core.protocol import Rejection, RerankJob, RerankResult
 from deployments.core.relevance import to_relevance
-from deployments.core.rerank_jobs import RerankJob, RerankResult
 from deployments.replicas.embedding_worker import Dropped, JobState
 from deployments.replicas.rerank_worker import PairItem, RerankWorker
 
