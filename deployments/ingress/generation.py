@@ -17,12 +17,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
-from ray.exceptions import RayActorError
-from ray.serve.exceptions import (
-    BackPressureError,
-    DeploymentUnavailableError,
-    ReplicaUnavailableError,
-)
 
 from deployments.config import AdmissionConfig, GenerationModelConfig
 from deployments.core.priority import Priority
@@ -31,11 +25,10 @@ from deployments.errors import (
     DeadlineExceeded,
     InvalidRequest,
     ModelFailed,
-    NotReady,
-    Overloaded,
     TributaryError,
     rejection_error,
 )
+from deployments.ingress.call_errors import RAY_CALL_ERRORS, ray_call_error
 from deployments.ingress.generation_schemas import ChatCompletionRequest, CompletionRequest
 
 logger = logging.getLogger("ray.serve")
@@ -224,14 +217,7 @@ async def sse(
 def _call_error(model: str, priority: Priority, exc: BaseException) -> BaseException:
     if isinstance(exc, TributaryError | asyncio.CancelledError):
         return exc
-    if isinstance(exc, BackPressureError):
-        return Overloaded(
-            f"The queue of model '{model}' is full; retry shortly.",
-            retry_after_s=1,
-            status=503 if priority is Priority.REALTIME else 429,
-            code="queue_full",
-        )
-    if isinstance(exc, RayActorError | DeploymentUnavailableError | ReplicaUnavailableError):
-        return NotReady(f"Model '{model}' is restarting or unavailable; retry shortly.")
+    if isinstance(exc, RAY_CALL_ERRORS):
+        return ray_call_error(model, priority, exc)
     logger.error("generation call to %s failed", model, exc_info=exc)
     return ModelFailed()
