@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import (
-    BaseModel,
     Field,
     StrictBool,
     StrictInt,
@@ -141,12 +140,6 @@ class _Unsupported(ValueError):
         super().__init__(message)
         self.param = param
         self.message = message
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
 
 
 def parse_generation_request(body: bytes, chat: bool) -> ChatCompletionRequest | CompletionRequest:
