@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml Makefile
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found; set PYTHON=..."; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[test,bench]"
+	$(BIN)/python -m pip install --quiet -e ".[test,bench,openvino,onnx]"
 	touch $(STAMP)
 
 serve: install
@@ -38,10 +38,8 @@ browser:
 test-fast: install
 	$(BIN)/python -m pytest tests/unit tests/integration -q
 
-# The reliability suite runs with `make reliability` only until its bounded form has passed on
-# the merged fixes in a fresh clone (issue 12 is open; docs/reliability.md).
 test: lint browser
-	$(BIN)/python -m pytest --ignore=tests/reliability
+	$(BIN)/python -m pytest
 
 # The release run of the reliability suite (docs/reliability.md): >= 10,000 fuzzed
 # requests and RELIABILITY_OVERLOAD_S seconds at twice capacity (600 for the full run).

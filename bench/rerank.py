@@ -96,9 +96,9 @@ def main(argv: list[str] | None = None) -> None:
 
     config = load_config(args.config)
     model = RerankModelConfig.model_validate(config["applications"][0]["args"]["rerank_models"][0])
-    scorer = load_scorer(model, "cpu")
     if model.torch_threads:
         torch.set_num_threads(model.torch_threads)
+    scorer, _ = load_scorer(model, "cpu", torch.get_num_threads())
     batch = model.batching.normal.max_batch_size
     work = workload(64, args.documents)
     bodies = [

@@ -73,7 +73,51 @@ class ModelDeploymentConfig(StrictModel):
     deployment: DeploymentOptions = DeploymentOptions()
 
 
-class EmbeddingModelConfig(ModelDeploymentConfig):
+Runtime = Literal[
+    "torch",
+    "auto",
+    "torch-fp32",
+    "torch-bf16",
+    "torch-fp16",
+    "openvino",
+    "openvino-bf16",
+    "onnx",
+    "onnx-int8",
+]
+
+
+class EncoderModelConfig(ModelDeploymentConfig):
+    """An embedding or rerank model: which backend runs its forward pass (docs/backends.md)."""
+
+    runtime: Runtime = Field(
+        "torch",
+        description="torch: torch in `dtype`; auto: measured at warm-up, the fastest "
+        "candidate the hardware has whose output agrees with fp32 (runtime_min_agreement); "
+        "or one named: torch-fp32/-bf16/-fp16 (fp16 on a GPU only), openvino (f32), "
+        "openvino-bf16, onnx (ONNX Runtime fp32), onnx-int8 (opt-in, less exact).",
+    )
+    runtime_min_agreement: float = Field(
+        0.999,
+        gt=0,
+        le=1,
+        description="auto: least agreement with torch fp32 a candidate needs: the worst "
+        "vector's cosine (embeddings, bi-encoder), the scores' correlation (cross-encoder).",
+    )
+    cache_dir: str | None = Field(
+        None, description="Where exported graphs are built; default ~/.cache/tributary."
+    )
+
+    @model_validator(mode="after")
+    def _fp16_needs_a_gpu(self) -> EncoderModelConfig:
+        if self.runtime == "torch-fp16" and self.deployment.ray_actor_options.num_gpus <= 0:
+            raise ValueError(
+                "runtime: torch-fp16 runs on a GPU only; set "
+                "deployment.ray_actor_options.num_gpus > 0 or choose another runtime"
+            )
+        return self
+
+
+class EmbeddingModelConfig(EncoderModelConfig):
     source: str = Field(
         ...,
         min_length=1,
@@ -88,7 +132,7 @@ class EmbeddingModelConfig(ModelDeploymentConfig):
     max_inputs: int = Field(2048, ge=1, description="Most inputs in one request (413).")
 
 
-class RerankModelConfig(ModelDeploymentConfig):
+class RerankModelConfig(EncoderModelConfig):
     source: str = Field(
         ...,
         min_length=1,

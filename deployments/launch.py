@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import resource
 import signal
 import socket
@@ -173,12 +174,12 @@ def main(argv: list[str]) -> None:
     for key, value in environment.items():
         os.environ.setdefault(key, value)
     if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
-        os.environ.update(haproxy_side_ports(os.environ))
         maxconn = int(os.environ.get("RAY_SERVE_HAPROXY_MAXCONN", HAPROXY_MAXCONN_DEFAULT))
         problem = fd_limit_problem(maxconn)
         if problem is not None:
             # Else HAProxy fails to start inside Serve and Ray ends in a long traceback.
             parser.exit(2, f"{parser.prog}: error: {problem}\n")
+        os.environ.update(haproxy_side_ports(os.environ))
     # A shell starts background jobs with SIGINT ignored, and Python keeps an ignored
     # SIGINT ignored; restore Python's handler so `serve run` sees KeyboardInterrupt and
     # turns SIGINT into a clean stop.
@@ -208,10 +209,18 @@ def _port_is_free(port: int) -> bool:
     return True
 
 
+# Where a moved side port is looked for: above Ray's worker ports (10002-19999 by default)
+# and below the kernel's ephemeral range (32768 and up on Linux), from which Ray's own
+# components take ports while Serve starts. A port the kernel hands out here (bind to 0)
+# could be taken by one of them before HAProxy binds it, seconds later.
+SPARE_PORTS = range(20000, 32768)
+
+
 def _any_free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return int(probe.getsockname()[1])
+    for port in random.sample(SPARE_PORTS, 200):
+        if _port_is_free(port):
+            return port
+    raise SystemExit("no free port between 20000 and 32767 for HAProxy")
 
 
 if __name__ == "__main__":

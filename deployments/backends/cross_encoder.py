@@ -3,7 +3,8 @@
 Loaded with sentence-transformers' `CrossEncoder` from a local directory (a real checkpoint
 such as a BGE or MiniLM reranker saved locally, or the small one the tests build); batches
 are built from token ids here so the deployment can chunk documents by tokens and budget
-batches by their padded length.
+batches by their padded length. The forward pass is a swappable `forward`, as for the
+embedder: torch by default, or another runtime running the same graph.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import torch
 from sentence_transformers import CrossEncoder
 
 from deployments.backends.pair_scorer import Pair
+from deployments.backends.runtimes import Features, Forward, TorchForward
+from deployments.backends.sentence_embedder import SAMPLE_TEXTS
 from deployments.core.relevance import ScoreKind
 
 
@@ -40,6 +43,20 @@ class CrossEncoderScorer:
         self._template = _pair_template(self.tokenizer)
         self._pad_id = int(self.tokenizer.pad_token_id or 0)
         self._needs_token_types = "token_type_ids" in self.tokenizer.model_input_names
+        self.input_names = ["input_ids", "attention_mask"]
+        if self._needs_token_types:
+            self.input_names.append("token_type_ids")
+        self.forward: Forward = TorchForward(self.graph(), device, dtype, copy=False)
+
+    def graph(self) -> torch.nn.Module:
+        """The model as one module over plain tensors, returning one logit per pair."""
+        return _LogitGraph(self.model, self.input_names)
+
+    def sample(self, size: int) -> Features:
+        """Features of `size` query-document pairs, for measuring runtimes."""
+        texts = self.tokenize(list(SAMPLE_TEXTS))
+        n = len(texts)
+        return self.features([(texts[i % n], texts[(i * 7 + 3) % n]) for i in range(size)])
 
     @property
     def _specials(self) -> int:
@@ -62,25 +79,36 @@ class CrossEncoderScorer:
         encoded = self.tokenizer(texts, add_special_tokens=False, truncation=False, verbose=False)
         return [list(ids) for ids in encoded["input_ids"]]
 
-    def score(self, pairs: list[Pair]) -> np.ndarray:
+    def features(self, pairs: list[Pair]) -> Features:
         start, middle, end = self._template
         rows = [[*start, *q, *middle, *d, *end] for q, d in pairs]
         longest = max(len(row) for row in rows)
-        input_ids = torch.full((len(rows), longest), self._pad_id, dtype=torch.long)
-        attention = torch.zeros((len(rows), longest), dtype=torch.long)
-        token_types = torch.zeros((len(rows), longest), dtype=torch.long)
+        input_ids = np.full((len(rows), longest), self._pad_id, dtype=np.int64)
+        attention = np.zeros((len(rows), longest), dtype=np.int64)
+        token_types = np.zeros((len(rows), longest), dtype=np.int64)
         for i, (row, (query, _)) in enumerate(zip(rows, pairs, strict=True)):
-            input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            input_ids[i, : len(row)] = row
             attention[i, : len(row)] = 1
             # The second segment (document and its closing tokens) has type 1.
             token_types[i, len(start) + len(query) + len(middle) : len(row)] = 1
         features = {"input_ids": input_ids, "attention_mask": attention}
         if self._needs_token_types:
             features["token_type_ids"] = token_types
-        features = {k: v.to(self.device) for k, v in features.items()}
-        with torch.inference_mode():
-            logits = self.model(**features).logits
-        return logits[:, 0].float().cpu().numpy()
+        return features
+
+    def score(self, pairs: list[Pair]) -> np.ndarray:
+        return np.asarray(self.forward(self.features(pairs)), dtype=np.float32)
+
+
+class _LogitGraph(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, input_names: list[str]) -> None:
+        super().__init__()
+        self.model = model
+        self.input_names = input_names
+
+    def forward(self, *tensors: torch.Tensor, **named: torch.Tensor) -> torch.Tensor:
+        features = dict(zip(self.input_names, tensors, strict=False)) | named
+        return self.model(**features).logits[:, 0]
 
 
 def _pair_template(tokenizer: Any) -> tuple[list[int], list[int], list[int]]:

@@ -14,6 +14,16 @@ the way, each time, so a reload with a new config keeps them:
   plain-text 503; each `frontend` turns a 503 that is not JSON into the API's overloaded
   error (`static/errors/backpressure.response`, with Retry-After), so a client under
   overload only ever sees the documented shape.
+- **A bounded wait in front of the ingress.** Each ingress server gets a `maxconn`
+  (TRIBUTARY_INGRESS_MAXCONN, default 1024 requests at once per ingress replica); past it
+  HAProxy queues, and a POST that finds more than TRIBUTARY_FRONT_QUEUE (default 256)
+  requests queued is refused at once with the overloaded error and Retry-After. Without
+  this, at twice capacity the ingress spent its CPU accepting and refusing requests and fell
+  behind its arrivals, so a backlog no deadline covered built up in front of it. HAProxy's
+  queue is ordered: GETs (health, model list) and `X-Priority: realtime` go first, and
+  realtime is refused only past four times the bound. `timeout queue`
+  (TRIBUTARY_FRONT_QUEUE_TIMEOUT_S, default 30) is the backstop for an ingress that takes
+  nothing at all.
 - **No kernel splicing (`-dS`).** Serve's config turns on `option splice-request`, and
   with it HAProxy often misses a client's close while the request waits for its
   response, so the ingress never hears that the client left and the model computes an
@@ -28,12 +38,15 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 ERROR_DIR = Path(__file__).resolve().parents[1] / "static" / "errors"
 BACKPRESSURE = ERROR_DIR / "backpressure.response"
 SECTION = re.compile(r"^[A-Za-z]")  # a section keyword starts a line; its settings are indented
 ERRORFILE = re.compile(r"^\s+errorfile\s+(\d{3})\s")
+SERVER = re.compile(r"^\s+server\s+\S+\s+\S+")
 
 
 def error_files(directory: Path = ERROR_DIR) -> dict[str, Path]:
@@ -48,28 +61,97 @@ def json_backpressure(response: Path = BACKPRESSURE) -> str:
     )
 
 
-def patch_config(text: str, errors: dict[str, Path]) -> str:
-    """`text` with our errorfile lines in each `defaults` section, and any errorfile line
-    there for one of the same statuses dropped (HAProxy would keep the last one); and the
-    JSON back-pressure rule in each `frontend`."""
-    ours = [f"    errorfile {status} {path}" for status, path in errors.items()]
-    out: list[str] = []
-    in_defaults = False
+@dataclass(frozen=True)
+class QueueBounds:
+    """How much HAProxy lets wait in front of the ingress (module docstring)."""
+
+    ingress_maxconn: int = 1024
+    queue: int = 256
+    queue_timeout_s: int = 30
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> QueueBounds:
+        default = cls()
+        return cls(
+            ingress_maxconn=_positive(
+                environ, "TRIBUTARY_INGRESS_MAXCONN", default.ingress_maxconn
+            ),
+            queue=_positive(environ, "TRIBUTARY_FRONT_QUEUE", default.queue),
+            queue_timeout_s=_positive(
+                environ, "TRIBUTARY_FRONT_QUEUE_TIMEOUT_S", default.queue_timeout_s
+            ),
+        )
+
+
+def _positive(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        sys.exit(f"{name} must be a positive integer, not {raw!r}")
+    return int(raw)
+
+
+def bounded_queue(bounds: QueueBounds, response: Path = BACKPRESSURE) -> list[str]:
+    """Backend rules: GETs and realtime first in HAProxy's queue; a POST refused at once
+    when the queue is past its bound (realtime past four times it)."""
+    realtime = "{ req.hdr(x-priority) -m str -i realtime }"
+    return [
+        f"    timeout queue {bounds.queue_timeout_s}s",
+        "    http-request set-priority-class int(-1) if !METH_POST",
+        f"    http-request set-priority-class int(-1) if {realtime}",
+        f"    http-request return errorfile {response} "
+        f"if METH_POST {{ queue gt {bounds.queue} }} !{realtime}",
+        f"    http-request return errorfile {response} "
+        f"if METH_POST {{ queue gt {4 * bounds.queue} }}",
+    ]
+
+
+def _sections(text: str) -> list[list[str]]:
+    """The config's lines grouped by section (a keyword at the start of a line opens one);
+    lines before the first section form a group of their own."""
+    sections: list[list[str]] = [[]]
     for line in text.splitlines():
         if SECTION.match(line):
-            keyword = line.split()[0]
-            in_defaults = keyword == "defaults"
-            out.append(line)
-            if in_defaults:
-                out.extend(ours)
-            elif keyword == "frontend":
-                out.append(json_backpressure())
-            continue
-        replaced = ERRORFILE.match(line)
-        if in_defaults and replaced and replaced.group(1) in errors:
-            continue
-        out.append(line)
+            sections.append([])
+        sections[-1].append(line)
+    return sections
+
+
+def _keyword(section: list[str]) -> str:
+    return section[0].split()[0] if section and SECTION.match(section[0]) else ""
+
+
+def patch_config(text: str, errors: dict[str, Path], bounds: QueueBounds | None = None) -> str:
+    """`text` with our errorfile lines in each `defaults` section, and any errorfile line
+    there for one of the same statuses dropped (HAProxy would keep the last one); the
+    JSON back-pressure rule in each `frontend`; and in each backend with servers, the
+    bounded queue and a `maxconn` on every server."""
+    bounds = bounds or QueueBounds()
+    ours = [f"    errorfile {status} {path}" for status, path in errors.items()]
+    out: list[str] = []
+    for section in _sections(text):
+        keyword = _keyword(section)
+        head, body = section[:1], section[1:]
+        if keyword == "defaults":
+            kept = [
+                line for line in body if not ((m := ERRORFILE.match(line)) and m.group(1) in errors)
+            ]
+            out += head + ours + kept
+        elif keyword == "frontend":
+            out += [*head, json_backpressure(), *body]
+        elif keyword == "backend" and any(SERVER.match(line) for line in body):
+            servers = [_with_maxconn(line, bounds.ingress_maxconn) for line in body]
+            out += head + bounded_queue(bounds) + servers
+        else:
+            out += section
     return "\n".join(out) + "\n"
+
+
+def _with_maxconn(line: str, maxconn: int) -> str:
+    if not SERVER.match(line) or " maxconn " in f"{line} ":
+        return line
+    return f"{line} maxconn {maxconn}"
 
 
 def patched_path(original: str) -> Path:
@@ -85,7 +167,8 @@ def patched_path(original: str) -> Path:
 
 def write_patched(original: str, errors: dict[str, Path]) -> str:
     target = patched_path(original)
-    text = patch_config(Path(original).read_text(), errors)
+    bounds = QueueBounds.from_environment(os.environ)
+    text = patch_config(Path(original).read_text(), errors, bounds)
     # Written aside and renamed: a HAProxy that is starting never reads half a file.
     temporary = target.with_name(f".{target.name}.{os.getpid()}")
     temporary.write_text(text)

@@ -20,6 +20,9 @@ RAY_CALL_ERRORS = (
     ReplicaUnavailableError,
 )
 
+# The call died with its replica (not refused by a live one): what a ReplicaWatch hears of.
+REPLICA_GONE = (RayActorError, ReplicaUnavailableError)
+
 
 def ray_call_error(model: str, priority: Priority, exc: BaseException) -> TributaryError:
     """The answer to one of RAY_CALL_ERRORS."""

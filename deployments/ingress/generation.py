@@ -25,11 +25,13 @@ from deployments.errors import (
     DeadlineExceeded,
     InvalidRequest,
     ModelFailed,
+    NotReady,
     TributaryError,
     rejection_error,
 )
-from deployments.ingress.call_errors import RAY_CALL_ERRORS, ray_call_error
+from deployments.ingress.call_errors import RAY_CALL_ERRORS, REPLICA_GONE, ray_call_error
 from deployments.ingress.generation_schemas import ChatCompletionRequest, CompletionRequest
+from deployments.ingress.replica_watch import ReplicaWatch
 
 logger = logging.getLogger("ray.serve")
 
@@ -41,22 +43,25 @@ DEADLINE_GRACE_S = 0.5
 class GenerationCall:
     """One request's streaming call to a generation replica."""
 
-    def __init__(self, model: str, handle: Any, priority: Priority, timeout_s: float) -> None:
+    def __init__(
+        self, model: str, handle: Any, priority: Priority, timeout_s: float, watch: ReplicaWatch
+    ) -> None:
         self.model = model
         self._handle = handle
         self.priority = priority
         self.timeout_s = timeout_s
+        self._watch = watch
         self._stream: Any = None
 
     async def start(self, job: GenerationJob) -> GenerationChunk:
         """Sends the job and returns its first chunk, or raises the API error it got."""
+        if self._watch.down:
+            raise _no_replica(self.model)
         self._stream = self._handle.options(stream=True).generate.remote(
             self.priority.label, job, self.timeout_s
         )
         try:
-            first = await asyncio.wait_for(
-                self._stream.__anext__(), self.timeout_s + DEADLINE_GRACE_S
-            )
+            first = await self._first_unless_down()
         except TimeoutError:
             self.cancel()
             raise DeadlineExceeded(
@@ -64,11 +69,32 @@ class GenerationCall:
             ) from None
         except BaseException as exc:
             self.cancel()
-            raise _call_error(self.model, self.priority, exc) from None
+            raise self._error_of(exc) from None
         if isinstance(first, Rejection):
             self.cancel()
             raise rejection_error(first)
         return first
+
+    async def _first_unless_down(self) -> Any:
+        """The stream's first item; NotReady as soon as the model turns out to have no live
+        replica (Serve would hold the call until a new one is up, past the deadline)."""
+        first = asyncio.ensure_future(self._stream.__anext__())
+        down = asyncio.ensure_future(self._watch.until_down())
+        try:
+            await asyncio.wait(
+                {first, down},
+                timeout=self.timeout_s + DEADLINE_GRACE_S,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            down.cancel()
+            if not first.done():
+                first.cancel()
+        if first.done() and not first.cancelled():
+            return first.result()
+        if down.done() and not down.cancelled():
+            raise _no_replica(self.model)
+        raise TimeoutError
 
     async def rest(self) -> AsyncIterator[GenerationChunk]:
         try:
@@ -77,9 +103,14 @@ class GenerationCall:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            raise _call_error(self.model, self.priority, exc) from None
+            raise self._error_of(exc) from None
         finally:
             self.cancel()
+
+    def _error_of(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, REPLICA_GONE):
+            self._watch.call_died()
+        return _call_error(self.model, self.priority, exc)
 
     def cancel(self) -> None:
         if self._stream is not None:
@@ -212,6 +243,10 @@ async def sse(
     finally:
         call.cancel()
         on_end(last)
+
+
+def _no_replica(model: str) -> NotReady:
+    return NotReady(f"Model '{model}' has no running replica; it is restarting. Retry shortly.")
 
 
 def _call_error(model: str, priority: Priority, exc: BaseException) -> BaseException:

@@ -54,6 +54,7 @@ from deployments.ingress.generation_schemas import parse_generation_request
 from deployments.ingress.model_client import ModelClient
 from deployments.ingress.observe import RequestObserver, note_request, observed
 from deployments.ingress.readiness import engines_problem, serve_readiness
+from deployments.ingress.replica_watch import ReplicaWatch
 from deployments.ingress.request_meta import RequestMeta, choose_priority, read_meta
 from deployments.ingress.rerank import rerank_job, rerank_response, rerank_token_estimate
 from deployments.ingress.rerank_schemas import Dialect, parse_rerank_request
@@ -99,6 +100,10 @@ class Ingress:
             m.name: m for m in self.config.generation_models
         }
         self._generators = generators or {}
+        self._watches = {
+            name: ReplicaWatch(name, lambda handle=handle: handle.engine_alive.remote())
+            for name, handle in self._generators.items()
+        }
         self._created = int(time.time())
         self._readiness = readiness or serve_readiness
         self.access = build_access_control(self.config.auth)
@@ -147,6 +152,12 @@ class Ingress:
 
     async def health(self) -> None:
         # Both at once: /healthz must turn within ~1 s of an engine's death.
+        down = [name for name, watch in self._watches.items() if watch.down]
+        if down:  # known without asking: asking a model with no replica waits out a timeout
+            raise NotReady(f"Generation model '{down[0]}' has no running replica; restarting.")
+        doubted = [name for name, watch in self._watches.items() if watch.in_doubt]
+        if doubted:  # within ms of the death, not after the first probe's timeout
+            raise NotReady(f"A replica of generation model '{doubted[0]}' died; checking.")
         problems = await asyncio.gather(self._readiness(), engines_problem(self._generators))
         problem = next((p for p in problems if p is not None), None)
         if problem is not None:
@@ -215,7 +226,9 @@ class Ingress:
         estimate = estimate_tokens([texts]) + job.max_tokens
         self._guard(lambda: self.access.charge(tenant, estimate))
         timeout_s = timeout_for(self.config.ingress.admission, priority, meta.timeout_s)
-        call = GenerationCall(model.name, self._generators[model.name], priority, timeout_s)
+        call = GenerationCall(
+            model.name, self._generators[model.name], priority, timeout_s, self._watches[model.name]
+        )
         try:
             first = await call.start(job)
         except BaseException:

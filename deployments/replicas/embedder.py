@@ -19,12 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from deployments.backends.runtime_select import apply_runtime, settings_from
 from deployments.backends.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
 from deployments.config import EmbeddingModelConfig
 from deployments.core.protocol import EmbedJob, EmbedOutcome
 from deployments.replicas.class_batching import ClassBatching
-from deployments.replicas.device import assigned_device, torch_dtype
+from deployments.replicas.device import assigned_device
 from deployments.replicas.embedding_worker import EmbeddingWorker, Item
 
 logger = logging.getLogger("ray.serve")
@@ -37,17 +38,25 @@ class Embedder(ClassBatching):
         config = EmbeddingModelConfig.model_validate(model)
         self.config = config
         device = assigned_device()
-        self.backend = SentenceEmbedder(
-            resolve_model_source(config.source), device, torch_dtype(config.dtype, device)
-        )
-        self.worker = EmbeddingWorker(self.backend, config)
         threads = self._init_batching(config.torch_threads, config.batching)
+        self.backend = SentenceEmbedder(resolve_model_source(config.source), device)
+        # The backend (`runtime`), chosen on the model thread: `auto` measures there.
+        self.runtime = self._executor.submit(
+            apply_runtime, self.backend, device, settings_from(config, threads)
+        ).result()
+        self.worker = EmbeddingWorker(self.backend, config)
         # A real batch before the replica reports ready, so the first client does not
         # pay for lazy initialisation.
         warm = [self.backend.window.wrap(ids)[0] for ids in self.backend.tokenize(WARMUP_TEXTS)]
         self._executor.submit(self.backend.embed, warm).result()
         self._warm = True
-        logger.info("model %s ready on %s, %d torch threads", config.name, device, threads)
+        logger.info(
+            "model %s ready on %s (%s), %d threads",
+            config.name,
+            device,
+            self.runtime["runtime"],
+            threads,
+        )
 
     def check_health(self) -> None:
         if not self._warm:
@@ -58,6 +67,7 @@ class Embedder(ClassBatching):
             **self.batching_info(),
             "dimension": self.backend.dimension,
             "max_tokens": self.backend.window.max_tokens,
+            "runtime": self.runtime,
         }
 
     async def embed_jobs(

@@ -14,12 +14,13 @@ from typing import Any
 from deployments.backends.bi_encoder import BiEncoderScorer
 from deployments.backends.cross_encoder import CrossEncoderScorer
 from deployments.backends.pair_scorer import PairScorer
+from deployments.backends.runtime_select import apply_runtime, settings_from
 from deployments.backends.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
 from deployments.config import RerankModelConfig
 from deployments.core.protocol import RerankJob, RerankOutcome
 from deployments.replicas.class_batching import ClassBatching
-from deployments.replicas.device import assigned_device, torch_dtype
+from deployments.replicas.device import assigned_device
 from deployments.replicas.rerank_worker import PairItem, RerankWorker
 
 logger = logging.getLogger("ray.serve")
@@ -27,12 +28,18 @@ logger = logging.getLogger("ray.serve")
 WARMUP = RerankJob("Tributary warms up?", ["It does.", "A longer document warms the padded path."])
 
 
-def load_scorer(config: RerankModelConfig, device: str) -> PairScorer:
+def load_scorer(
+    config: RerankModelConfig, device: str, threads: int = 1
+) -> tuple[PairScorer, dict[str, Any]]:
+    """The scorer on the runtime `config.runtime` names (or `auto` picks), and the report
+    of that choice. Call it on the model thread: `auto` measures there."""
     source = resolve_model_source(config.source)
-    dtype = torch_dtype(config.dtype, device)
+    settings = settings_from(config, threads)
     if config.backend == "cross-encoder":
-        return CrossEncoderScorer(source, device, dtype)
-    return BiEncoderScorer(SentenceEmbedder(source, device, dtype))
+        scorer = CrossEncoderScorer(source, device)
+        return scorer, apply_runtime(scorer, device, settings, score_kind="score")
+    embedder = SentenceEmbedder(source, device)
+    return BiEncoderScorer(embedder), apply_runtime(embedder, device, settings)
 
 
 class Reranker(ClassBatching):
@@ -40,9 +47,11 @@ class Reranker(ClassBatching):
         config = RerankModelConfig.model_validate(model)
         self.config = config
         device = assigned_device()
-        self.backend = load_scorer(config, device)
-        self.worker = RerankWorker(self.backend, config)
         threads = self._init_batching(config.torch_threads, config.batching)
+        self.backend, self.runtime = self._executor.submit(
+            load_scorer, config, device, threads
+        ).result()
+        self.worker = RerankWorker(self.backend, config)
         # A real batch before the replica reports ready.
         query, *docs = self.backend.tokenize([WARMUP.query, *WARMUP.documents])
         self._executor.submit(self.backend.score, [(query, doc) for doc in docs]).result()
@@ -58,10 +67,11 @@ class Reranker(ClassBatching):
                 self.backend.max_tokens,
             )
         logger.info(
-            "reranker %s (%s) ready on %s, %d torch threads",
+            "reranker %s (%s) ready on %s (%s), %d threads",
             config.name,
             config.backend,
             device,
+            self.runtime["runtime"],
             threads,
         )
 
@@ -74,6 +84,7 @@ class Reranker(ClassBatching):
             **self.batching_info(),
             "backend": self.config.backend,
             "max_tokens": self.backend.max_tokens,
+            "runtime": self.runtime,
         }
 
     async def rerank_jobs(

@@ -127,7 +127,7 @@ async def test_twice_capacity_sheds_cleanly_and_keeps_memory_flat(
             "rss_mib_before": before,
             "rss_mib_after": after,
             "rss_growth_mib": growth,
-            "failures": [] if result.first_error is None else [result.first_error],
+            "first_refusal": result.first_error,
         },
     )
     assert saturated(result), f"{factor}x the measured capacity never saturated the server"

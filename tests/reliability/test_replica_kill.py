@@ -1,6 +1,7 @@
 """The generation model's replica killed (SIGKILL) under load: time to the first 503,
-time to recovery, no request answered later than its deadline (X-Request-Timeout) plus a
-small grace, a Retry-After on every refusal, and the model serving again."""
+/healthz 503 within 2 s, time to recovery, no request answered later than its deadline
+(X-Request-Timeout) plus a small grace, a Retry-After on every refusal, and the model
+serving again."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ GRACE_S = 1.0
 ALLOWED = {200, 429, 503}
 BEFORE_KILL_S = 4
 RECOVERED_STREAK = 10
+HEALTH_TURNS_WITHIN_S = 2  # issue 12: /healthz is 503 within 2 s of an engine's death
 
 
 def replica_pid(server: Server, model: str) -> int:
@@ -96,6 +98,10 @@ async def test_killed_replica_refuses_fast_and_recovers(
     assert not late, f"{len(late)} requests answered past their {DEADLINE_S}s deadline"
     assert not unexpected, f"statuses other than 200/429/503: {statuses}"
     assert not no_retry, f"{len(no_retry)} refusals without Retry-After"
+    turned = run.health_not_ok_s()
+    assert turned is not None and turned < HEALTH_TURNS_WITHIN_S, (
+        f"/healthz turned only {turned} s after the kill"
+    )
 
 
 async def watch_recovery(run: KillRun) -> None:

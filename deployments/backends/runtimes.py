@@ -1,0 +1,267 @@
+"""The backends a model's forward pass can run on, behind one call: features in, array out.
+
+A *graph* is a torch module taking (input_ids, attention_mask[, token_type_ids]) and
+returning the model's output (a sentence embedding, or a cross-encoder's logits). torch
+runs it as it is (fp32, bf16 weights, fp16 on CUDA); OpenVINO and ONNX Runtime run an ONNX
+export of it, built with `torch.onnx.export` into the cache directory on first start
+(never downloaded) and reused after, like the demo LLM.
+
+- OpenVINO's CPU plugin silently runs "f32" models in bf16 on CPUs with AMX unless told:
+  `openvino` pins `INFERENCE_PRECISION_HINT` to f32; `openvino-bf16` asks for bf16.
+- ONNX Runtime may list another provider (Azure) first: the CPU provider is named.
+- `onnx-int8` is ONNX Runtime's dynamic int8 quantisation (no calibration data): opt-in,
+  since it moves vectors well below a 0.999 cosine.
+"""
+
+from __future__ import annotations
+
+import copy as _copy
+import fcntl
+import hashlib
+import importlib.util
+import shutil
+import tempfile
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+RUNTIMES = (
+    "torch-fp32",
+    "torch-bf16",
+    "torch-fp16",
+    "openvino",
+    "openvino-bf16",
+    "onnx",
+    "onnx-int8",
+)
+# The extra and the module each runtime needs beyond the project's own dependencies.
+EXTRAS = {"openvino": "openvino", "onnx": "onnxruntime"}
+# Bumped whenever the export recipe changes, so an old cached graph is not reused.
+EXPORT_VERSION = 1
+
+Features = dict[str, np.ndarray]
+Forward = Callable[[Features], np.ndarray]
+
+
+class RuntimeUnavailable(RuntimeError):
+    """An explicitly chosen runtime cannot run here; the message is one line."""
+
+
+def family(runtime: str) -> str:
+    return runtime.split("-")[0]
+
+
+def installed(runtime: str) -> bool:
+    module = EXTRAS.get(family(runtime))
+    return module is None or importlib.util.find_spec(module) is not None
+
+
+def cpu_has_bf16() -> bool:
+    """Whether the CPU computes bf16 natively (AVX-512 bf16 or AMX); without it torch and
+    OpenVINO emulate bf16, slower than fp32."""
+    return bool({"avx512_bf16", "amx_bf16"} & _cpu_flags())
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    flags = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(flags.split(":", 1)[-1].split())
+
+
+def check_available(runtime: str, device: str) -> None:
+    """Raise `RuntimeUnavailable` (one line, naming the field) when `runtime` cannot run."""
+    if runtime not in RUNTIMES:
+        raise RuntimeUnavailable(f"runtime: {runtime!r} is not one of {', '.join(RUNTIMES)}")
+    if runtime == "torch-fp16" and not device.startswith("cuda"):
+        raise RuntimeUnavailable(
+            "runtime: torch-fp16 needs a GPU (this replica runs on the CPU); give the "
+            "deployment num_gpus, or choose torch-fp32, torch-bf16, openvino, onnx or auto"
+        )
+    if not installed(runtime):
+        extra = family(runtime)
+        raise RuntimeUnavailable(
+            f"runtime: {runtime} needs the '{extra}' extra, which is not installed: "
+            f"pip install 'tributary[{extra}]' (or choose runtime: auto, which skips it)"
+        )
+
+
+def auto_candidates(device: str) -> list[str]:
+    """What `auto` tries on this hardware, reference first. Quantised runtimes never."""
+    if device.startswith("cuda"):
+        return ["torch-fp32", "torch-fp16"]
+    names = ["torch-fp32"]
+    if cpu_has_bf16():
+        names.append("torch-bf16")
+    if installed("openvino"):
+        names.append("openvino")
+        if cpu_has_bf16():
+            names.append("openvino-bf16")
+    if installed("onnx"):
+        names.append("onnx")
+    return names
+
+
+def build_forward(
+    runtime: str,
+    graph: torch.nn.Module,
+    input_names: list[str],
+    device: str,
+    threads: int,
+    cache_dir: Path,
+) -> Forward:
+    """A forward pass of `graph` (an fp32 module, left unchanged) on `runtime`."""
+    check_available(runtime, device)
+    if family(runtime) == "torch":
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
+            runtime.split("-")[1]
+        ]
+        return TorchForward(graph, device, dtype, copy=dtype != torch.float32)
+    onnx_path = export_onnx(graph, input_names, cache_dir)
+    if runtime.startswith("openvino"):
+        return openvino_forward(onnx_path, "bf16" if runtime.endswith("bf16") else "f32", threads)
+    if runtime == "onnx-int8":
+        onnx_path = quantized_onnx(onnx_path)
+    return onnxruntime_forward(onnx_path, threads)
+
+
+class TorchForward:
+    """torch on `device` in `dtype`; `copy` leaves the given graph as it was (so fp32 and
+    bf16 can be measured side by side), else it is cast in place."""
+
+    def __init__(
+        self, graph: torch.nn.Module, device: str, dtype: torch.dtype, copy: bool = True
+    ) -> None:
+        if copy:
+            graph = _copy.deepcopy(graph)
+        if dtype != torch.float32:
+            graph = graph.to(dtype=dtype)
+        self.graph = graph.eval()
+        self.device = device
+
+    def __call__(self, features: Features) -> np.ndarray:
+        tensors = {k: torch.from_numpy(v).to(self.device) for k, v in features.items()}
+        with torch.inference_mode():
+            out = self.graph(**tensors)
+        return out.float().cpu().numpy()
+
+
+def openvino_forward(onnx_path: Path, precision: str, threads: int) -> Forward:
+    import openvino as ov
+
+    core = ov.Core()
+    compiled = core.compile_model(
+        core.read_model(str(onnx_path)),
+        "CPU",
+        {
+            "INFERENCE_PRECISION_HINT": precision,
+            "INFERENCE_NUM_THREADS": max(1, threads),
+            "PERFORMANCE_HINT": "LATENCY",
+        },
+    )
+    request = compiled.create_infer_request()
+    wanted = {name for port in compiled.inputs for name in port.get_names()}
+
+    def forward(features: Features) -> np.ndarray:
+        result = request.infer({k: v for k, v in features.items() if k in wanted})
+        return np.asarray(result[compiled.output(0)], dtype=np.float32)
+
+    return forward
+
+
+def onnxruntime_forward(onnx_path: Path, threads: int) -> Forward:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = max(1, threads)
+    options.inter_op_num_threads = 1
+    # Named explicitly: the first provider ONNX Runtime lists may be a remote one.
+    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    wanted = {i.name for i in session.get_inputs()}
+
+    def forward(features: Features) -> np.ndarray:
+        feeds = {k: v for k, v in features.items() if k in wanted}
+        return np.asarray(session.run(None, feeds)[0], dtype=np.float32)
+
+    return forward
+
+
+def export_onnx(graph: torch.nn.Module, input_names: list[str], cache_dir: Path) -> Path:
+    """The ONNX export of `graph`, built into `cache_dir` once (per weights and recipe)."""
+    key = _graph_key(graph)
+    target = cache_dir.expanduser() / "graphs" / f"{type(graph).__name__}-{key}"
+    path = target / "model.onnx"
+    if path.is_file():
+        return path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Several replicas may start at once: one exports, the others wait and reuse it.
+    with (target.parent / f".{target.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.is_file():
+            staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+            try:
+                _export(graph, input_names, staging / "model.onnx")
+                staging.rename(target)  # atomic: a reader sees all of it or none
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
+def quantized_onnx(onnx_path: Path) -> Path:
+    """ONNX Runtime's dynamic int8 quantisation of an export, next to it. (Its
+    `reduce_range`, advised for CPUs without VNNI, measured far worse on one: docs.)"""
+    target = onnx_path.with_name("model.int8.onnx")
+    if target.is_file():
+        return target
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with (onnx_path.parent / ".int8.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.is_file():
+            staging = onnx_path.with_name(".model.int8.partial.onnx")
+            quantize_dynamic(
+                str(onnx_path),
+                str(staging),
+                weight_type=QuantType.QInt8,
+            )
+            staging.rename(target)
+    return target
+
+
+def _export(graph: torch.nn.Module, input_names: list[str], path: Path) -> None:
+    # A padded row in the example, so no "mask is all ones" shortcut is traced in.
+    mask = torch.ones((2, 8), dtype=torch.long)
+    mask[1, 5:] = 0
+    values = {"input_ids": torch.full((2, 8), 1000, dtype=torch.long), "attention_mask": mask}
+    example = tuple(values.get(name, torch.zeros_like(mask)) for name in input_names)
+    axes = {name: {0: "batch", 1: "tokens"} for name in input_names}
+    with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+        # The TorchScript exporter warns that it is the old one; it is the one that
+        # needs no extra package (the torch.export one needs onnxscript).
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            graph.eval(),
+            example,
+            str(path),
+            input_names=input_names,
+            output_names=["output"],
+            dynamic_axes={**axes, "output": {0: "batch"}},
+            opset_version=17,
+            dynamo=False,
+        )
+
+
+def _graph_key(graph: torch.nn.Module) -> str:
+    """A digest of the graph's weights and the export recipe: new weights, new export."""
+    digest = hashlib.sha256(f"{EXPORT_VERSION}:{torch.__version__}".encode())
+    for name, tensor in graph.state_dict().items():
+        digest.update(name.encode())
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.detach().float().cpu().numpy().tobytes()[:4096])
+        digest.update(str(float(tensor.detach().float().sum())).encode())
+    return digest.hexdigest()[:16]

@@ -1,0 +1,77 @@
+"""Whether a generation model has a replica that answers, learned when a call to it dies.
+
+When the only replica of a model dies, Serve keeps new calls waiting until a replacement
+is up, which can take longer than a request's deadline: each waiting request would end
+in a 504 at its deadline. The ingress learns of the death from the first call that fails
+with it (Ray says "actor died" at once); this watch then asks the model a short question
+(`engine_alive`) until a replica answers. While none does, the model is down: requests
+get a 503 with Retry-After at once, and those already waiting for their first token are
+answered the same way. With several replicas, the question is answered by a live one
+within the probe timeout, and nothing is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+logger = logging.getLogger("ray.serve")
+
+PROBE_TIMEOUT_S = 1.0
+PROBE_EVERY_S = 0.5
+
+
+class ReplicaWatch:
+    def __init__(
+        self,
+        model: str,
+        probe: Callable[[], Awaitable[Any]],
+        probe_timeout_s: float = PROBE_TIMEOUT_S,
+        probe_every_s: float = PROBE_EVERY_S,
+    ) -> None:
+        self.model = model
+        self._probe = probe
+        self._probe_timeout_s = probe_timeout_s
+        self._probe_every_s = probe_every_s
+        self._down = asyncio.Event()
+        self._probing: asyncio.Task[None] | None = None
+
+    @property
+    def down(self) -> bool:
+        return self._down.is_set()
+
+    @property
+    def in_doubt(self) -> bool:
+        """A call died with a replica and no replica has answered since: not known to be
+        down yet, but not known to be serving either (what /healthz reports)."""
+        return self._probing is not None and not self._probing.done()
+
+    def call_died(self) -> None:
+        """A call to the model failed because its replica is gone: find out whether
+        another answers (once; a probe already under way covers this death too)."""
+        if self._probing is None or self._probing.done():
+            self._probing = asyncio.get_running_loop().create_task(self._watch())
+
+    async def until_down(self) -> None:
+        await self._down.wait()
+
+    async def _watch(self) -> None:
+        while not await self._answers():
+            if not self.down:
+                logger.warning("generation model %s has no replica that answers", self.model)
+                self._down.set()
+            await asyncio.sleep(self._probe_every_s)
+        if self.down:
+            logger.info("generation model %s answers again", self.model)
+            self._down = asyncio.Event()  # the outage's waiters were all woken by the old one
+
+    async def _answers(self) -> bool:
+        try:
+            await asyncio.wait_for(self._probe(), self._probe_timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a timeout, or another dead replica Serve still routes to
+            return False
+        return True

@@ -1,0 +1,160 @@
+"""ReplicaWatch and GenerationCall with fakes: a generation model whose only replica died
+refuses at once with 503 + Retry-After, a request already waiting for its first token is
+answered the same way instead of at its deadline, and a model that still has a live
+replica refuses nothing. The served form: tests/reliability/test_replica_kill.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from ray.exceptions import RayActorError
+
+from deployments.core.priority import Priority
+from deployments.core.protocol import GenerationChunk, GenerationJob
+from deployments.errors import DeadlineExceeded, NotReady
+from deployments.ingress.generation import GenerationCall
+from deployments.ingress.replica_watch import ReplicaWatch
+
+FAST = {"probe_timeout_s": 0.05, "probe_every_s": 0.02}
+
+
+class Probe:
+    """engine_alive as the ingress's handle answers it: at once, or never (no replica)."""
+
+    def __init__(self, answers: bool) -> None:
+        self.answers = answers
+        self.calls = 0
+
+    async def __call__(self) -> bool:
+        self.calls += 1
+        if not self.answers:
+            await asyncio.sleep(3600)
+        return True
+
+
+class Stream:
+    """A streaming call's response: its first item after `wait_s`, or an error."""
+
+    def __init__(self, wait_s: float, error: BaseException | None = None) -> None:
+        self.wait_s = wait_s
+        self.error = error
+        self.cancelled = False
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self
+
+    async def __anext__(self) -> Any:
+        await asyncio.sleep(self.wait_s)
+        if self.error is not None:
+            raise self.error
+        return GenerationChunk(text="hi", finish_reason=None, prompt_tokens=1, completion_tokens=1)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Handle:
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+        self.generate = self
+
+    def options(self, **_: Any) -> Handle:
+        return self
+
+    def remote(self, *_: Any) -> Stream:
+        return self.stream
+
+
+def job() -> GenerationJob:
+    return GenerationJob(request_id="r", prompt="hi", messages=None, max_tokens=4)
+
+
+def call(stream: Stream, watch: ReplicaWatch, timeout_s: float = 5) -> GenerationCall:
+    return GenerationCall("llm", Handle(stream), Priority.NORMAL, timeout_s, watch)
+
+
+async def until(condition: Any, timeout_s: float = 2) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_death_with_no_replica_left_turns_the_model_down_until_one_answers() -> None:
+    probe = Probe(answers=False)
+    watch = ReplicaWatch("llm", probe, **FAST)
+    watch.call_died()
+    watch.call_died()  # the same outage: one probe loop
+    await until(lambda: watch.down)
+    probe.answers = True
+    await until(lambda: not watch.down)
+    assert probe.calls >= 2
+
+
+async def test_a_death_with_a_live_replica_left_refuses_nothing() -> None:
+    watch = ReplicaWatch("llm", Probe(answers=True), **FAST)
+    watch.call_died()
+    await asyncio.sleep(0.2)
+    assert not watch.down
+
+
+async def test_from_a_death_until_a_replica_answers_the_model_is_in_doubt() -> None:
+    probe = Probe(answers=False)
+    watch = ReplicaWatch("llm", probe, probe_timeout_s=0.3, probe_every_s=0.02)
+    assert not watch.in_doubt
+    watch.call_died()
+    assert watch.in_doubt and not watch.down  # at once, before the first probe times out
+    await until(lambda: watch.down)
+    probe.answers = True
+    await until(lambda: not watch.in_doubt)
+    assert not watch.down
+
+
+async def test_a_request_to_a_down_model_is_refused_at_once_with_retry_after() -> None:
+    watch = ReplicaWatch("llm", Probe(answers=False), **FAST)
+    watch.call_died()
+    await until(lambda: watch.down)
+    stream = Stream(wait_s=3600)
+    started = time.monotonic()
+    with pytest.raises(NotReady) as refused:
+        await call(stream, watch).start(job())
+    assert time.monotonic() - started < 0.1
+    assert refused.value.status == 503 and refused.value.retry_after_s
+
+
+async def test_a_request_waiting_for_its_first_token_is_refused_when_the_model_goes_down() -> None:
+    probe = Probe(answers=False)
+    watch = ReplicaWatch("llm", probe, **FAST)
+    stream = Stream(wait_s=3600)  # Serve holds it: no replica to send it to
+    waiting = asyncio.create_task(call(stream, watch, timeout_s=30).start(job()))
+    await asyncio.sleep(0.05)
+    watch.call_died()  # another request's call failed: the replica is gone
+    started = time.monotonic()
+    with pytest.raises(NotReady):
+        await waiting
+    assert time.monotonic() - started < 1
+    assert stream.cancelled
+
+
+async def test_a_call_that_dies_with_its_replica_is_a_503_and_starts_the_watch() -> None:
+    probe = Probe(answers=False)
+    watch = ReplicaWatch("llm", probe, **FAST)
+    with pytest.raises(NotReady):
+        await call(Stream(wait_s=0, error=RayActorError()), watch).start(job())
+    await until(lambda: watch.down)
+
+
+async def test_without_an_outage_the_deadline_still_holds() -> None:
+    watch = ReplicaWatch("llm", Probe(answers=True), **FAST)
+    with pytest.raises(DeadlineExceeded):
+        await call(Stream(wait_s=3600), watch, timeout_s=0.1).start(job())
+
+
+async def test_a_first_token_is_returned_as_before() -> None:
+    watch = ReplicaWatch("llm", Probe(answers=True), **FAST)
+    first = await call(Stream(wait_s=0), watch).start(job())
+    assert first.text == "hi"

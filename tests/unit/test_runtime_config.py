@@ -1,0 +1,108 @@
+"""The `runtime` field, runtime availability and applying a choice to a (tiny) model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+
+from deployments.backends import runtime_select, runtimes
+from deployments.config import EmbeddingModelConfig, RerankModelConfig
+
+
+def test_fp16_is_refused_on_cpu_naming_the_field() -> None:
+    with pytest.raises(ValidationError, match=r"runtime: torch-fp16 runs on a GPU only"):
+        EmbeddingModelConfig(name="m", source="x", runtime="torch-fp16")
+    gpu = {"ray_actor_options": {"num_gpus": 0.25}}
+    assert EmbeddingModelConfig(name="m", source="x", runtime="torch-fp16", deployment=gpu)
+    with pytest.raises(runtimes.RuntimeUnavailable, match=r"^runtime: torch-fp16 needs a GPU"):
+        runtimes.check_available("torch-fp16", "cpu")
+    runtimes.check_available("torch-fp16", "cuda")
+
+
+def test_config_defaults_and_bad_values() -> None:
+    config = RerankModelConfig(name="r", source="x", backend="cross-encoder")
+    assert config.runtime == "torch" and config.runtime_min_agreement == 0.999
+    with pytest.raises(ValidationError, match="runtime"):
+        RerankModelConfig(name="r", source="x", backend="bi-encoder", runtime="tensorrt")
+    with pytest.raises(ValidationError, match="runtime_min_agreement"):
+        EmbeddingModelConfig(name="m", source="x", runtime_min_agreement=1.5)
+    settings = runtime_select.settings_from(EmbeddingModelConfig(name="m", source="x"), 2)
+    assert settings.batch_sizes == [1, 8, 32, 64] and settings.threads == 2
+
+
+def test_a_missing_extra_fails_an_explicit_choice_in_one_line_and_auto_skips_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(runtimes, "installed", lambda name: runtimes.family(name) == "torch")
+    monkeypatch.setattr(runtimes, "cpu_has_bf16", lambda: False)
+    with pytest.raises(runtimes.RuntimeUnavailable) as excinfo:
+        runtimes.check_available("openvino", "cpu")
+    assert "\n" not in str(excinfo.value)
+    assert "pip install 'tributary[openvino]'" in str(excinfo.value)
+    assert runtimes.auto_candidates("cpu") == ["torch-fp32"]
+    assert runtimes.auto_candidates("cuda") == ["torch-fp32", "torch-fp16"]
+    monkeypatch.setattr(runtimes, "installed", lambda name: True)
+    monkeypatch.setattr(runtimes, "cpu_has_bf16", lambda: True)
+    assert runtimes.auto_candidates("cpu") == [
+        "torch-fp32",
+        "torch-bf16",
+        "openvino",
+        "openvino-bf16",
+        "onnx",
+    ]
+
+
+class TinyModel:
+    """A Runnable with a linear 'model': enough to drive apply_runtime on torch."""
+
+    input_names = ["input_ids", "attention_mask"]
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.module = _Linear()
+        self.forward = runtimes.TorchForward(self.module, "cpu", torch.float32, copy=False)
+
+    def graph(self) -> torch.nn.Module:
+        return self.module
+
+    def sample(self, size: int) -> runtimes.Features:
+        ids = (np.arange(size * 4, dtype=np.int64).reshape(size, 4) % 7) + 1
+        return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+
+
+class _Linear(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(8, 6)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return (self.embed(input_ids) * attention_mask[..., None]).mean(dim=1)
+
+
+def test_apply_runtime_explicit_and_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = TinyModel()
+    report = runtime_select.apply_runtime(
+        model, "cpu", runtime_select.RuntimeSettings(runtime="torch", dtype="auto")
+    )
+    assert report["runtime"] == "torch-fp32" and "configured" in report["reason"]
+    monkeypatch.setattr(runtimes, "auto_candidates", lambda device: ["torch-fp32", "torch-bf16"])
+    settings = runtime_select.RuntimeSettings(runtime="auto", batch_sizes=(1, 4), rounds=1)
+    report = runtime_select.apply_runtime(model, "cpu", settings)
+    assert report["runtime"] in {"torch-fp32", "torch-bf16"}
+    assert [c["runtime"] for c in report["candidates"]] == ["torch-fp32", "torch-bf16"]
+    assert set(report["candidates"][0]["texts_per_s"]) == {"1", "4"}
+    assert report["min_agreement"] == 0.999
+    out = model.forward(model.sample(3))
+    assert out.dtype == np.float32 and out.shape == (3, 6)
+    # The fp32 graph the model holds is untouched by a bf16 candidate.
+    assert model.module.embed.weight.dtype == torch.float32
+
+
+def test_dtype_float16_on_cpu_is_refused_naming_the_field() -> None:
+    settings = runtime_select.RuntimeSettings(runtime="torch", dtype="float16")
+    with pytest.raises(runtimes.RuntimeUnavailable, match=r"^dtype: float16 with runtime: torch"):
+        runtime_select.apply_runtime(TinyModel(), "cpu", settings)
+    assert runtime_select.torch_runtime("auto", "cuda") == "torch-fp16"
+    assert runtime_select.torch_runtime("bfloat16", "cpu") == "torch-bf16"
