@@ -101,7 +101,7 @@ class Ingress:
         }
         self._generators = generators or {}
         self._watches = {
-            name: ReplicaWatch(name, lambda handle=handle: handle.engine_alive.remote())
+            name: ReplicaWatch(name, _alive_probe(handle))
             for name, handle in self._generators.items()
         }
         self._created = int(time.time())
@@ -389,3 +389,8 @@ def _http_host() -> str | None:
         return None if client is None else str(client.http_config.host)
     except Exception:
         return None
+
+
+def _alive_probe(handle: Any) -> Callable[[], Awaitable[Any]]:
+    # A function, not a lambda in the comprehension: each probe keeps its own handle.
+    return lambda: handle.engine_alive.remote()
