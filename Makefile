@@ -10,7 +10,7 @@ METRICS_PORT ?= 8080
 export RAY_USAGE_STATS_ENABLED := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install browser serve test lint bench reliability clean
+.PHONY: install browser serve test test-fast lint bench reliability clean
 
 install: $(STAMP)
 
@@ -27,11 +27,16 @@ serve: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python -m mypy
 
 # The /status page's serve test drives a real headless browser: Debian's chromium.
 browser:
 	@command -v chromium >/dev/null || \
 		{ apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; }
+
+# The edit-test loop: unit and integration tests, no Ray, well under a minute.
+test-fast: install
+	$(BIN)/python -m pytest tests/unit tests/integration -q
 
 test: lint browser
 	$(BIN)/python -m pytest

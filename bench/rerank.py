@@ -32,7 +32,7 @@ from bench.texts import sentences
 from deployments.backends.pair_scorer import PairScorer
 from deployments.config import RerankModelConfig
 from deployments.launch import DEFAULT_MODE
-from deployments.reranker import load_scorer
+from deployments.replicas.reranker import load_scorer
 
 BAR = 0.85
 SETTLE_S = 10

@@ -6,19 +6,20 @@ serve_config.yaml names `deployments.app:build_app` as its import path and passe
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from ray import serve
 from ray.serve import Application
+from ray.serve.deployment import Deployment
 
 from deployments.backends.demo_llm import DEMO_PREFIX
 from deployments.backends.sources import ModelSourceError, resolve_model_source
 from deployments.config import AppConfig, ModelDeploymentConfig
-from deployments.embedder import Embedder
-from deployments.generator import Generator
-from deployments.ingress import Ingress
-from deployments.reranker import Reranker
-from deployments.tenants import build_access_control
+from deployments.http.server import HttpIngress
+from deployments.ingress.tenants import build_access_control
+from deployments.replicas.embedder import Embedder
+from deployments.replicas.generator import Generator
+from deployments.replicas.reranker import Reranker
 
 
 def build_app(args: dict[str, Any]) -> Application:
@@ -45,7 +46,7 @@ def build_app(args: dict[str, Any]) -> Application:
     rerankers = {m.name: _model_deployment(Reranker, "rerank", m) for m in config.rerank_models}
     # The queue limits are the generator's user_config, changeable without a restart.
     generators = {
-        m.name: serve.deployment(Generator)
+        m.name: _deployment(Generator)
         .options(
             name=f"generate-{m.name}",
             user_config=m.queue.model_dump(),
@@ -54,7 +55,7 @@ def build_app(args: dict[str, Any]) -> Application:
         .bind(m.model_dump())
         for m in config.generation_models
     }
-    ingress = serve.deployment(serve.ingress()(Ingress)).options(
+    ingress = _deployment(serve.ingress()(HttpIngress)).options(
         name="ingress", **config.ingress.deployment.to_serve()
     )
     without_batching = {
@@ -63,7 +64,7 @@ def build_app(args: dict[str, Any]) -> Application:
     }
     return ingress.bind(
         config.model_dump(exclude=without_batching),
-        embedders,
+        embedders=embedders,
         rerankers=rerankers,
         generators=generators,
     )
@@ -71,7 +72,7 @@ def build_app(args: dict[str, Any]) -> Application:
 
 def _model_deployment(cls: type, prefix: str, model: ModelDeploymentConfig) -> Application:
     return (
-        serve.deployment(cls)
+        _deployment(cls)
         .options(
             name=f"{prefix}-{model.name}",
             user_config=model.batching.model_dump(),
@@ -79,3 +80,9 @@ def _model_deployment(cls: type, prefix: str, model: ModelDeploymentConfig) -> A
         )
         .bind(model.model_dump(exclude={"batching"}))
     )
+
+
+def _deployment(cls: type) -> Deployment:
+    # Ray annotates serve.deployment's return for its with-arguments form only; called on a
+    # class it returns the Deployment.
+    return cast(Deployment, serve.deployment(cls))

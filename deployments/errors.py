@@ -11,6 +11,8 @@ import math
 import orjson
 from starlette.responses import Response
 
+from deployments.core.protocol import Rejection
+
 
 class TributaryError(Exception):
     status: int = 500
@@ -156,4 +158,36 @@ def error_response(error: TributaryError) -> Response:
         status_code=error.status,
         media_type="application/json",
         headers=error.headers(),
+    )
+
+
+# Said by the ingress on its estimate and by the rerank replica on the exact count.
+def too_many_passes(
+    passes: int, model: str, limit: int, param: str, *, estimated: bool
+) -> PayloadTooLarge:
+    how = "about " if estimated else ""
+    return PayloadTooLarge(
+        f"This request needs {how}{passes} chunk passes (query-document chunk pairs the model "
+        f"scores; a long document is several); model '{model}' scores at most {limit} per "
+        f"request (max_chunk_passes). Send fewer or shorter documents, lower "
+        f"max_tokens_per_doc, or score only each document's start (TEI: truncate).",
+        param=param,
+    )
+
+
+# What a model replica's refusal answers over HTTP, for every task.
+def rejection_error(rejection: Rejection) -> TributaryError:
+    if rejection.status == 504:
+        return DeadlineExceeded(rejection.message)
+    if rejection.status in (429, 503):
+        return Overloaded(
+            rejection.message,
+            retry_after_s=rejection.retry_after_s,
+            status=rejection.status,
+            code=rejection.code,
+        )
+    if rejection.status >= 500:
+        return ModelFailed()
+    return InvalidRequest(
+        rejection.message, param=rejection.param, code=rejection.code, status=rejection.status
     )

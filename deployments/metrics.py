@@ -73,13 +73,15 @@ class RayRecorder:
 
 
 def _make(series: Series) -> Any:
+    # Ray annotates tag_keys as tuple[str] but takes any number of keys.
+    labels: Any = series.labels
     if series.kind is Kind.COUNTER:
-        return serve_metrics.Counter(series.name, series.description, series.labels)
+        return serve_metrics.Counter(series.name, series.description, labels)
     if series.kind is Kind.HISTOGRAM:
         return serve_metrics.Histogram(
-            series.name, series.description, list(series.buckets), series.labels
+            series.name, series.description, list(series.buckets), labels
         )
-    return serve_metrics.Gauge(series.name, series.description, series.labels)
+    return serve_metrics.Gauge(series.name, series.description, labels)
 
 
 def build_metrics() -> TributaryMetrics:

@@ -10,6 +10,7 @@ embedder: torch by default, or another runtime running the same graph.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -110,13 +111,13 @@ class _LogitGraph(torch.nn.Module):
         return self.model(**features).logits[:, 0]
 
 
-def _pair_template(tokenizer: object) -> tuple[list[int], list[int], list[int]]:
+def _pair_template(tokenizer: Any) -> tuple[list[int], list[int], list[int]]:
     """The special tokens before the query, between query and document, and after it,
     learnt by encoding one known pair with and without them."""
     first, second = "hello", "world"
-    plain_a = list(tokenizer(first, add_special_tokens=False)["input_ids"])  # type: ignore[operator]
-    plain_b = list(tokenizer(second, add_special_tokens=False)["input_ids"])  # type: ignore[operator]
-    full = list(tokenizer(first, second)["input_ids"])  # type: ignore[operator]
+    plain_a = list(tokenizer(first, add_special_tokens=False)["input_ids"])
+    plain_b = list(tokenizer(second, add_special_tokens=False)["input_ids"])
+    full = list(tokenizer(first, second)["input_ids"])
     for a in range(len(full)):
         if full[a : a + len(plain_a)] != plain_a:
             continue

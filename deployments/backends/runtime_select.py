@@ -76,7 +76,10 @@ def apply_runtime(
             model.forward = runtimes.build_forward(
                 name, graph, model.input_names, device, settings.threads, cache_dir
             )
-        report = {"runtime": name, "reason": f"configured (runtime: {settings.runtime})"}
+        report: dict[str, Any] = {
+            "runtime": name,
+            "reason": f"configured (runtime: {settings.runtime})",
+        }
         logger.info("runtime %s: %s", name, report["reason"])
         return report
     agreement = runtime_choice.min_cosine if score_kind == "vector" else _scores_agree

@@ -7,6 +7,7 @@ or another runtime (`runtimes`, chosen by `runtime_select`) running the same gra
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -45,7 +46,10 @@ class SentenceEmbedder:
         self.tokenizer = self.model.tokenizer
         self.dimension = int(self.model.get_embedding_dimension() or 0)
         self.vocab_size = len(self.tokenizer)
-        self.window = _window_of(self.tokenizer, int(self.model.max_seq_length))
+        max_seq_length = self.model.max_seq_length
+        if max_seq_length is None:  # sentence-transformers types it optional
+            raise TypeError(f"{self.model} declares no max_seq_length")
+        self.window = _window_of(self.tokenizer, int(max_seq_length))
         self._pad_id = int(self.tokenizer.pad_token_id or 0)
         self._needs_token_types = "token_type_ids" in self.tokenizer.model_input_names
         self.input_names = ["input_ids", "attention_mask"]
@@ -100,12 +104,12 @@ class _EmbeddingGraph(torch.nn.Module):
         return self.model(features)["sentence_embedding"]
 
 
-def _window_of(tokenizer: object, max_tokens: int) -> TokenWindow:
+def _window_of(tokenizer: Any, max_tokens: int) -> TokenWindow:
     """Learn which special tokens the tokenizer wraps a text in, by tokenizing one word
     with and without them."""
     probe = "hello"
-    plain = list(tokenizer(probe, add_special_tokens=False)["input_ids"])  # type: ignore[operator]
-    full = list(tokenizer(probe, add_special_tokens=True)["input_ids"])  # type: ignore[operator]
+    plain = list(tokenizer(probe, add_special_tokens=False)["input_ids"])
+    full = list(tokenizer(probe, add_special_tokens=True)["input_ids"])
     for start in range(len(full) - len(plain) + 1):
         if full[start : start + len(plain)] == plain:
             return TokenWindow(

@@ -52,7 +52,7 @@ class _Waiting(Generic[Job, Outcome]):
 
 @dataclass(eq=False)
 class _Call:
-    members: list[_Waiting]  # type: ignore[type-arg]
+    members: list[_Waiting]
     task: asyncio.Task[None] | None = None
     gone: int = 0
 

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Literal, cast
+
+# A class by its name, as configs and headers spell it.
+PriorityName = Literal["realtime", "normal", "batch"]
 
 
 class Priority(IntEnum):
@@ -11,8 +15,8 @@ class Priority(IntEnum):
     BATCH = 2
 
     @property
-    def label(self) -> str:
-        return self.name.lower()
+    def label(self) -> PriorityName:
+        return cast(PriorityName, self.name.lower())
 
     @classmethod
     def parse(cls, name: str) -> Priority:

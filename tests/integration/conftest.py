@@ -10,9 +10,9 @@ import httpx
 import numpy as np
 import pytest
 
-from deployments.core.jobs import EmbedJob, EmbedOutcome, EmbedRejection, EmbedResult
 from deployments.core.metrics import MemoryRecorder, TributaryMetrics
-from deployments.ingress import Ingress
+from deployments.core.protocol import EmbedJob, EmbedOutcome, EmbedResult, Rejection
+from deployments.http.server import HttpIngress as Ingress
 
 DIM = 8
 
@@ -44,7 +44,7 @@ class FakeEmbedder:
         self.forgotten: list[str] = []
         self.cancelled_calls = 0
         self.fail: Exception | None = None
-        self.reject: EmbedRejection | None = None
+        self.reject: Rejection | None = None
         self.gate = asyncio.Event()
         self.gate.set()
         self.embed_jobs = _Method(self._embed_jobs)
@@ -119,7 +119,7 @@ class Harness:
         # Every configured model is served by the same fake.
         handles = {model["name"]: self.embedder for model in config["embedding_models"]}
         self.ingress = Ingress(
-            config, handles, readiness=readiness, metrics=TributaryMetrics(self.recorder)
+            config, embedders=handles, readiness=readiness, metrics=TributaryMetrics(self.recorder)
         )
         self.app = self.ingress.__serve_build_asgi_app__()
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from deployments.ingress import Ingress
+from deployments.http.server import HttpIngress as Ingress
 from tests.integration.conftest import FakeEmbedder
 from tests.integration.test_generation_route import MODEL as LLM
 from tests.integration.test_generation_route import FakeGenerator
@@ -35,8 +35,8 @@ class FullApp:
 
         ingress = Ingress(
             config,
-            {EMBEDDER: self.embedder},
-            ready,
+            embedders={EMBEDDER: self.embedder},
+            readiness=ready,
             rerankers={RERANK: self.reranker},
             generators={LLM: self.generator},
         )

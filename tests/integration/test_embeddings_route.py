@@ -5,7 +5,7 @@ import httpx
 import numpy as np
 import pytest
 
-from deployments.core.jobs import EmbedRejection
+from deployments.core.protocol import Rejection
 from tests.integration.conftest import DIM, Harness, fake_vector
 
 MODEL = "fake-embedder"
@@ -154,7 +154,7 @@ async def test_a_model_failure_is_a_500_that_leaks_nothing(
 async def test_a_rejection_from_the_model_keeps_its_status_and_message(
     client: httpx.AsyncClient, harness: Harness
 ) -> None:
-    harness.embedder.reject = EmbedRejection(
+    harness.embedder.reject = Rejection(
         400, "Input 0 has 300 tokens; at most 256.", param="input", code="context_length_exceeded"
     )
     error = assert_error(

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import orjson
 
-from deployments.core.generation_jobs import GenerationChunk, GenerationRejection
-from deployments.ingress import Ingress
+from deployments.core.protocol import GenerationChunk, Rejection
+from deployments.http.server import HttpIngress as Ingress
 from tests.integration.conftest import CONFIG, FakeEmbedder
 
 MODEL = "fake-llm"
@@ -67,7 +67,12 @@ def app_and_fake() -> tuple[Any, FakeGenerator]:
     async def ready() -> None:
         return None
 
-    ingress = Ingress(config, {"fake-embedder": FakeEmbedder()}, ready, generators={MODEL: fake})
+    ingress = Ingress(
+        config,
+        embedders={"fake-embedder": FakeEmbedder()},
+        readiness=ready,
+        generators={MODEL: fake},
+    )
     return ingress.__serve_build_asgi_app__(), fake
 
 
@@ -113,10 +118,10 @@ async def test_stream_is_openai_sse_with_usage_and_done() -> None:
 
 async def test_rejections_become_http_errors() -> None:
     app, fake = app_and_fake()
-    fake.events = [GenerationRejection(504, "No first token", code="deadline_exceeded")]
+    fake.events = [Rejection(504, "No first token", code="deadline_exceeded")]
     async with client_of(app) as client:
         late = await client.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
-        fake.events = [GenerationRejection(429, "full", code="queue_full", retry_after_s=1)]
+        fake.events = [Rejection(429, "full", code="queue_full", retry_after_s=1)]
         full = await client.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
         over = await client.post(
             "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 9999}

@@ -11,9 +11,9 @@ import httpx
 import numpy as np
 import pytest
 
+from deployments.core.protocol import RerankJob, RerankOutcome, RerankResult
 from deployments.core.relevance import to_relevance
-from deployments.core.rerank_jobs import RerankJob, RerankOutcome, RerankResult
-from deployments.ingress import Ingress
+from deployments.http.server import HttpIngress as Ingress
 from tests.integration.conftest import CONFIG, FakeEmbedder, _Method
 
 RERANK = "fake-rerank"
@@ -85,7 +85,10 @@ async def client(reranker: FakeReranker) -> AsyncIterator[httpx.AsyncClient]:
         return None
 
     ingress = Ingress(
-        rerank_config(), {"fake-embedder": FakeEmbedder()}, ready, rerankers={RERANK: reranker}
+        rerank_config(),
+        embedders={"fake-embedder": FakeEmbedder()},
+        readiness=ready,
+        rerankers={RERANK: reranker},
     )
     transport = httpx.ASGITransport(app=ingress.__serve_build_asgi_app__())
     async with httpx.AsyncClient(transport=transport, base_url="http://ingress") as c:

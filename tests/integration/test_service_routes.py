@@ -4,7 +4,7 @@ from typing import Any
 
 import httpx
 
-from deployments.ingress import Ingress
+from deployments.http.server import HttpIngress as Ingress
 from tests.integration.conftest import CONFIG, FakeEmbedder, Harness
 
 
@@ -93,7 +93,12 @@ def _with_generator() -> tuple[httpx.AsyncClient, _EngineProbe]:
     async def ready() -> None:
         return None
 
-    ingress = Ingress(config, {"fake-embedder": FakeEmbedder()}, ready, generators={"gen-a": probe})
+    ingress = Ingress(
+        config,
+        embedders={"fake-embedder": FakeEmbedder()},
+        readiness=ready,
+        generators={"gen-a": probe},
+    )
     transport = httpx.ASGITransport(app=ingress.__serve_build_asgi_app__())
     return httpx.AsyncClient(transport=transport, base_url="http://ingress"), probe
 

@@ -181,7 +181,7 @@ def test_unknown_generation_model_is_404(server: Server) -> None:
 
 
 def test_static_engine_answers_whole_and_streamed_like_the_backend(client: OpenAI) -> None:
-    # Serve's @serve.batch streaming path (deployments/static_engine.py) end to end: both
+    # Serve's @serve.batch streaming path (deployments/replicas/static_engine.py) end to end: both
     # forms give the backend's greedy tokens, their count and the finish reason.
     prompt = "the river runs past the old mill"
     lm = CausalLM(resolve_lm_source(_source()))

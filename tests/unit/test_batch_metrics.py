@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from deployments.class_batching import ClassBatching
 from deployments.config import ModelBatching
 from deployments.core.batch_budget import BatchBudget
 from deployments.core.metrics import (
@@ -21,7 +20,8 @@ from deployments.core.metrics import (
     TributaryMetrics,
 )
 from deployments.core.priority import Priority
-from deployments.embedding_worker import Item, JobState
+from deployments.replicas.class_batching import ClassBatching
+from deployments.replicas.embedding_worker import Item, JobState
 
 
 class Config:

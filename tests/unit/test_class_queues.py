@@ -7,6 +7,7 @@ from deployments.core.class_queues import ClassQueues, ClassSettings, Refused, l
 from deployments.core.coalescer import DeadlineExpired
 from deployments.core.priority import Priority
 from deployments.core.throughput import RateMeter
+from tests.fakes import Clock
 
 RT, NORMAL, BATCH = Priority.REALTIME, Priority.NORMAL, Priority.BATCH
 
@@ -23,14 +24,6 @@ class FakeModel:
         self.calls.append(jobs)
         await self.gate.wait()
         return ["+".join(job) for job in jobs]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 SETTINGS = {

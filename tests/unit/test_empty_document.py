@@ -16,9 +16,9 @@ from deployments.backends.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
 from deployments.config import RerankModelConfig
 from deployments.core.batch_budget import BatchBudget
-from deployments.core.rerank_jobs import RerankJob, RerankResult
-from deployments.embedding_worker import JobState
-from deployments.rerank_worker import PairItem, RerankWorker
+from deployments.core.protocol import RerankJob, RerankResult
+from deployments.replicas.embedding_worker import JobState
+from deployments.replicas.rerank_worker import PairItem, RerankWorker
 from tests.tiny_models import build_tiny_cross_encoder
 
 

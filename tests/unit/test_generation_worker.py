@@ -8,7 +8,6 @@ from collections.abc import Sequence
 
 from deployments.backends.continuous import EngineDown, EngineOutput, OnOutput
 from deployments.backends.sampling import SamplingParams
-from deployments.core.generation_jobs import GenerationChunk, GenerationJob, GenerationRejection
 from deployments.core.metrics import (
     INTER_TOKEN_LATENCY,
     OUTPUT_TOKENS,
@@ -19,9 +18,10 @@ from deployments.core.metrics import (
     TributaryMetrics,
 )
 from deployments.core.priority import Priority
+from deployments.core.protocol import GenerationChunk, GenerationJob, Rejection
 from deployments.core.sequence_slots import SequenceSlots, SlotLimits
 from deployments.errors import NotReady
-from deployments.generation_worker import GenerationWorker
+from deployments.replicas.generation_worker import GenerationWorker
 
 
 class FakeLM:
@@ -101,7 +101,7 @@ async def test_prompt_over_the_window_is_a_400_naming_it() -> None:
     engine = FakeEngine()
     job = GenerationJob("r1", max_tokens=10, prompt="x " * 45)
     events = [e async for e in worker(engine).run(Priority.NORMAL, job, None)]
-    assert len(events) == 1 and isinstance(events[0], GenerationRejection)
+    assert len(events) == 1 and isinstance(events[0], Rejection)
     assert events[0].status == 400 and "50 tokens" in events[0].message
 
 
@@ -118,7 +118,7 @@ async def test_no_first_token_before_the_deadline_is_a_504_and_cancels() -> None
     engine = FakeEngine()  # never stepped: no token ever comes
     job = GenerationJob("r1", max_tokens=5, prompt="a")
     events = [e async for e in worker(engine).run(Priority.NORMAL, job, 0.05)]
-    assert isinstance(events[0], GenerationRejection) and events[0].status == 504
+    assert isinstance(events[0], Rejection) and events[0].status == 504
     assert engine.cancelled and not engine.live
 
 
@@ -215,7 +215,7 @@ async def test_a_sequence_the_engine_fails_fails_that_request_alone() -> None:
         await asyncio.sleep(0)
     good_events, bad_events = await good, await bad
     (rejection,) = bad_events
-    assert isinstance(rejection, GenerationRejection)
+    assert isinstance(rejection, Rejection)
     assert rejection.status == 500 and rejection.code == "model_error"
     assert "".join(e.text for e in good_events) == "w0 w1 w2 w3 w4 "
     assert good_events[-1].finish_reason == "length"
@@ -251,7 +251,7 @@ async def test_an_empty_prompt_is_a_400_and_never_reaches_the_engine() -> None:
     engine = FakeEngine()
     for job in (GenerationJob("r1", 5, ""), GenerationJob("r2", 5, "   ")):
         (event,) = await _all(worker(engine).run(Priority.NORMAL, job, None))
-        assert isinstance(event, GenerationRejection)
+        assert isinstance(event, Rejection)
         assert (event.status, event.param, event.code) == (400, "prompt", "empty_prompt")
     assert engine.submitted == []
 
@@ -276,12 +276,12 @@ async def test_engine_death_answers_every_request_503_at_once() -> None:
         assert isinstance(error, NotReady) and error.status == 503
         assert error.code == "engine_restarting" and error.retry_after_s
     outcomes = [r.result()[-1] for r in runs[2:]]
-    assert all(isinstance(o, GenerationRejection) for o in outcomes)
+    assert all(isinstance(o, Rejection) for o in outcomes)
     for rejection in outcomes:
         assert rejection.status == 503 and rejection.code == "engine_restarting"
         assert rejection.retry_after_s and rejection.retry_after_s > 0
     later = await _all(w.run(Priority.NORMAL, GenerationJob("late", 5, "a"), 30))
-    assert isinstance(later[0], GenerationRejection) and later[0].status == 503
+    assert isinstance(later[0], Rejection) and later[0].status == 503
     assert w.slots.stats.running == 0
 
 
@@ -292,5 +292,5 @@ async def test_engine_death_before_the_first_token_is_a_503() -> None:
     await asyncio.sleep(0.01)
     engine.die()
     (event,) = await asyncio.wait_for(run, 1)
-    assert isinstance(event, GenerationRejection) and event.status == 503
+    assert isinstance(event, Rejection) and event.status == 503
     assert event.code == "engine_restarting" and event.retry_after_s

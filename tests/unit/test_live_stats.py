@@ -3,14 +3,7 @@
 from __future__ import annotations
 
 from deployments.core.live_stats import RecentRequests, percentile
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes import Clock
 
 
 def test_nearest_rank_percentiles() -> None:
@@ -22,7 +15,7 @@ def test_nearest_rank_percentiles() -> None:
 
 
 def test_rates_and_percentiles_cover_answered_requests_in_the_window() -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     recent = RecentRequests(window_s=10, clock=clock)
     clock.now += 20  # running for a while
     for n in range(10):
@@ -39,7 +32,7 @@ def test_rates_and_percentiles_cover_answered_requests_in_the_window() -> None:
 
 
 def test_a_young_window_and_a_full_buffer_measure_over_the_span_they_cover() -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     recent = RecentRequests(window_s=30, max_samples=4, clock=clock)
     clock.now += 2
     recent.add(0.1, 1, ok=True)

@@ -4,16 +4,9 @@ import pytest
 
 from deployments.core.priority import Priority
 from deployments.core.priority_gate import PriorityGate
+from tests.fakes import Clock
 
 RT, NORMAL, BATCH = Priority.REALTIME, Priority.NORMAL, Priority.BATCH
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def make(batch_aged_after_s: float | None = 1.0) -> tuple[PriorityGate, Clock]:

@@ -1,6 +1,6 @@
 from types import SimpleNamespace
 
-from deployments.readiness import readiness_problem
+from deployments.ingress.readiness import readiness_problem
 
 
 def deployment(status: str, **replicas: int) -> SimpleNamespace:

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from ray.exceptions import RayActorError
 
-from deployments.core.generation_jobs import GenerationChunk, GenerationJob
 from deployments.core.priority import Priority
+from deployments.core.protocol import GenerationChunk, GenerationJob
 from deployments.errors import DeadlineExceeded, NotReady
-from deployments.generation_api import GenerationCall
-from deployments.replica_watch import ReplicaWatch
+from deployments.ingress.generation import GenerationCall
+from deployments.ingress.replica_watch import ReplicaWatch
 
 FAST = {"probe_timeout_s": 0.05, "probe_every_s": 0.02}
 

@@ -7,11 +7,10 @@ import pytest
 
 from deployments.config import RerankModelConfig
 from deployments.core.batch_budget import BatchBudget
-from deployments.core.jobs import EmbedRejection
+from deployments.core.protocol import Rejection, RerankJob, RerankResult
 from deployments.core.relevance import to_relevance
-from deployments.core.rerank_jobs import RerankJob, RerankResult
-from deployments.embedding_worker import Dropped, JobState
-from deployments.rerank_worker import PairItem, RerankWorker
+from deployments.replicas.embedding_worker import Dropped, JobState
+from deployments.replicas.rerank_worker import PairItem, RerankWorker
 
 
 class WordScorer:
@@ -102,7 +101,7 @@ async def test_long_query_is_cut_to_leave_room() -> None:
 @pytest.mark.parametrize(("reason", "status"), [("expired", 504), ("client_gone", 499)])
 async def test_dropped_pairs_reject_the_job(reason: str, status: int) -> None:
     outcome, _ = await rerank(RerankJob("q", ["a", "b"]), drop=reason)
-    assert isinstance(outcome, EmbedRejection) and outcome.status == status
+    assert isinstance(outcome, Rejection) and outcome.status == status
 
 
 async def test_expired_job_sends_nothing() -> None:
@@ -114,14 +113,14 @@ async def test_expired_job_sends_nothing() -> None:
     [outcome] = await worker.run_jobs(
         [RerankJob("q", ["a"])], [JobState("r", 0.0)], BatchBudget(8, 64), run_item
     )
-    assert isinstance(outcome, EmbedRejection) and outcome.status == 504
+    assert isinstance(outcome, Rejection) and outcome.status == 504
 
 
 async def test_over_max_chunk_passes_is_refused_before_scoring() -> None:
     # 9 tokens of room beside the query, 2 shared: FILLER (40 words) is 6 chunks.
     job = RerankJob("paris", [FILLER, "paris"], documents_param="texts")
     outcome, seen = await rerank(job, config(max_chunk_passes=6))
-    assert isinstance(outcome, EmbedRejection) and not seen
+    assert isinstance(outcome, Rejection) and not seen
     assert outcome.status == 413 and outcome.param == "texts"
     assert outcome.code == "payload_too_large"
     assert "needs 7 chunk passes" in outcome.message and "max_chunk_passes" in outcome.message

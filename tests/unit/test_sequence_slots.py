@@ -13,16 +13,9 @@ from deployments.core.sequence_slots import (
     SlotLimits,
     SlotTimeout,
 )
+from tests.fakes import Clock
 
 R, N, B = Priority.REALTIME, Priority.NORMAL, Priority.BATCH
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def limits(seqs: int = 1, tokens: int = 1000, queued: int = 10, aged: float | None = None):
@@ -55,7 +48,7 @@ async def test_realtime_is_admitted_before_earlier_batch_and_normal() -> None:
 
 
 async def test_aged_batch_request_goes_ahead_of_newer_realtime() -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     slots = SequenceSlots(limits(seqs=1, aged=5.0), clock=clock)
     running = await slots.acquire(N, 10, None)
     batch = asyncio.create_task(slots.acquire(B, 10, None))

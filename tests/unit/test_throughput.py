@@ -1,22 +1,15 @@
 import pytest
 
 from deployments.core.throughput import RateMeter, retry_after_s
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 50.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes import Clock
 
 
 def test_no_events_means_no_known_rate() -> None:
-    assert RateMeter(clock=Clock()).rate() == 0.0
+    assert RateMeter(clock=Clock(50.0)).rate() == 0.0
 
 
 def test_rate_is_units_over_the_span_of_the_window() -> None:
-    clock = Clock()
+    clock = Clock(50.0)
     meter = RateMeter(window_s=10, clock=clock)
     for _ in range(5):
         meter.add(20)
@@ -26,7 +19,7 @@ def test_rate_is_units_over_the_span_of_the_window() -> None:
 
 
 def test_a_span_shorter_than_a_second_counts_as_one_second() -> None:
-    clock = Clock()
+    clock = Clock(50.0)
     meter = RateMeter(window_s=10, clock=clock)
     meter.add(30)
     clock.now += 0.01
@@ -35,7 +28,7 @@ def test_a_span_shorter_than_a_second_counts_as_one_second() -> None:
 
 
 def test_events_older_than_the_window_are_forgotten() -> None:
-    clock = Clock()
+    clock = Clock(50.0)
     meter = RateMeter(window_s=10, clock=clock)
     meter.add(1000)
     clock.now += 5

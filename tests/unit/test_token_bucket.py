@@ -1,18 +1,11 @@
 import pytest
 
 from deployments.core.token_bucket import TokenBucket
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes import Clock
 
 
 def bucket(rate: float = 10.0, burst: float = 5.0) -> tuple[TokenBucket, Clock]:
-    clock = Clock()
+    clock = Clock(100.0)
     return TokenBucket(rate, burst, clock=clock), clock
 
 

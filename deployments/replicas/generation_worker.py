@@ -11,16 +11,21 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
 
 from deployments.backends.continuous import EngineDown, EngineOutput, OnOutput
 from deployments.backends.sampling import SamplingParams
 from deployments.backends.text_stream import TextStream
-from deployments.core.generation_jobs import GenerationChunk, GenerationJob, GenerationRejection
 from deployments.core.metrics import TributaryMetrics
 from deployments.core.priority import Priority
+from deployments.core.protocol import (
+    FinishReason,
+    GenerationChunk,
+    GenerationJob,
+    Rejection,
+)
 from deployments.core.sequence_slots import QueueFull, SequenceSlots, SlotTimeout
 from deployments.errors import NotReady
 
@@ -56,7 +61,7 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
 
-Event = GenerationChunk | GenerationRejection
+Event = GenerationChunk | Rejection
 
 
 class GenerationWorker:
@@ -86,7 +91,7 @@ class GenerationWorker:
 
     async def run(
         self, priority: Priority, job: GenerationJob, time_left_s: float | None
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         arrived = self._clock()
         deadline = None if time_left_s is None else arrived + time_left_s
         self.counts["requests"] += 1
@@ -96,7 +101,7 @@ class GenerationWorker:
         if not prompt:
             # A sequence of no tokens has nothing to condition on, and a forward pass over
             # it fails in the engine: it must never get there.
-            yield GenerationRejection(
+            yield Rejection(
                 400,
                 f"The {param} is empty once tokenized; give at least one token of text.",
                 param=param,
@@ -104,7 +109,7 @@ class GenerationWorker:
             )
             return
         if len(prompt) + job.max_tokens > window:
-            yield GenerationRejection(
+            yield Rejection(
                 400,
                 f"This model's context window is {window} tokens; the prompt has "
                 f"{len(prompt)} and max_tokens asks for {job.max_tokens} more. Shorten the "
@@ -121,7 +126,7 @@ class GenerationWorker:
             self._report_sequences()
             slot = await self.slots.acquire(priority, len(prompt) + job.max_tokens, deadline)
         except QueueFull as full:
-            yield GenerationRejection(
+            yield Rejection(
                 503 if priority is Priority.REALTIME else 429,
                 f"The generation queue for {priority.label}-class requests is full "
                 f"({full.queued} waiting, limit {full.limit}); retry shortly.",
@@ -163,7 +168,7 @@ class GenerationWorker:
         time_left_s: float | None,
         priority: Priority,
         arrived: float,
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         outputs: asyncio.Queue[EngineOutput] = asyncio.Queue()
         sequence_id = f"{job.request_id}-{uuid.uuid4().hex[:8]}"
         sampling = SamplingParams(job.temperature, job.top_p, job.seed)
@@ -194,7 +199,7 @@ class GenerationWorker:
                 if output.error is not None:
                     finished = True  # the engine has let go of it already
                     failure = self._failure(output, sent_any)
-                    if isinstance(failure, GenerationRejection):
+                    if isinstance(failure, Rejection):
                         yield failure
                         return
                     raise failure
@@ -203,7 +208,7 @@ class GenerationWorker:
                 )
                 delta = text.update(output.tokens, final=output.finished)
                 finished = output.finished or delta.stopped
-                reason = None
+                reason: FinishReason | None = None
                 if finished:
                     reason = "stop" if delta.stopped or output.hit_eos else "length"
                 if delta.text or finished or not sent_any:
@@ -221,7 +226,7 @@ class GenerationWorker:
             elif output is not None and not output.finished:
                 self.engine.cancel(sequence_id)  # a stop sequence ended it early
 
-    def _failure(self, output: EngineOutput, sent_any: bool) -> GenerationRejection | Exception:
+    def _failure(self, output: EngineOutput, sent_any: bool) -> Rejection | Exception:
         """What the caller gets for a sequence the engine failed: a rejection while no
         chunk has gone out, an exception mid-stream (the ingress ends the stream with an
         error event). A dead engine is a 503 to retry; a failure of this sequence alone
@@ -237,7 +242,7 @@ class GenerationWorker:
             )
         self.counts["failed"] += 1
         if not sent_any:
-            return GenerationRejection(500, "The model failed on this request.", code="model_error")
+            return Rejection(500, "The model failed on this request.", code="model_error")
         return RuntimeError(f"generation failed: {output.error}")
 
     def _time_tokens(
@@ -258,8 +263,8 @@ class GenerationWorker:
         return {**self.counts, "slots": vars(self.slots.stats)}
 
 
-def _engine_down() -> GenerationRejection:
-    return GenerationRejection(
+def _engine_down() -> Rejection:
+    return Rejection(
         503,
         "The generation engine is restarting; retry shortly.",
         code="engine_restarting",
@@ -267,9 +272,9 @@ def _engine_down() -> GenerationRejection:
     )
 
 
-def _deadline_passed(time_left_s: float | None) -> GenerationRejection:
+def _deadline_passed(time_left_s: float | None) -> Rejection:
     limit = "" if time_left_s is None else f" of {time_left_s:g} s"
-    return GenerationRejection(
+    return Rejection(
         504,
         f"No first token within the request's deadline{limit} (X-Request-Timeout or the "
         "class default).",

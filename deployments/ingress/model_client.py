@@ -13,19 +13,14 @@ import asyncio
 import logging
 from typing import Any
 
-from ray.exceptions import RayActorError
-from ray.serve.exceptions import (
-    BackPressureError,
-    DeploymentUnavailableError,
-    ReplicaUnavailableError,
-)
+from ray.serve.exceptions import BackPressureError
 
 from deployments.config import AdmissionConfig
 from deployments.core.admission import ClassLimits
 from deployments.core.class_queues import ClassQueues, ClassSettings
 from deployments.core.coalescer import Send
 from deployments.core.priority import ALL_PRIORITIES, Priority
-from deployments.errors import NotReady, Overloaded
+from deployments.ingress.call_errors import RAY_CALL_ERRORS, ray_call_error
 
 logger = logging.getLogger("ray.serve")
 
@@ -46,10 +41,10 @@ class ModelClient:
         settings = {
             p: ClassSettings(
                 ClassLimits(
-                    admission.of(p.label).max_queued_items,  # type: ignore[arg-type]
-                    admission.of(p.label).shed_above_queued_items,  # type: ignore[arg-type]
+                    admission.of(p.label).max_queued_items,
+                    admission.of(p.label).shed_above_queued_items,
                 ),
-                admission.of(p.label).max_in_flight,  # type: ignore[arg-type]
+                admission.of(p.label).max_in_flight,
             )
             for p in ALL_PRIORITIES
         }
@@ -75,19 +70,10 @@ class ModelClient:
                 response.cancel()
                 self._forget_all([job.job_id for job in jobs])
                 raise
-            except BackPressureError as exc:
-                raise Overloaded(
-                    f"The queue of model '{self.name}' is full; retry shortly.",
-                    retry_after_s=1,
-                    status=503 if priority is Priority.REALTIME else 429,
-                    code="queue_full",
-                ) from exc
-            except (RayActorError, DeploymentUnavailableError, ReplicaUnavailableError) as exc:
-                logger.warning("model %s replica unavailable: %r", self.name, exc)
-                raise NotReady(
-                    f"Model '{self.name}' is restarting or unavailable; retry shortly.",
-                    retry_after_s=2,
-                ) from exc
+            except RAY_CALL_ERRORS as exc:
+                if not isinstance(exc, BackPressureError):
+                    logger.warning("model %s replica unavailable: %r", self.name, exc)
+                raise ray_call_error(self.name, priority, exc) from exc
 
         return send
 

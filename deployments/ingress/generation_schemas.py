@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import (
-    BaseModel,
     Field,
     StrictBool,
     StrictInt,
@@ -15,7 +14,7 @@ from pydantic import (
 )
 
 from deployments.errors import InvalidRequest
-from deployments.schemas import (
+from deployments.ingress.schemas import (
     INT64_MAX,
     INT64_MIN,
     ApiModel,
@@ -141,12 +140,6 @@ class _Unsupported(ValueError):
         super().__init__(message)
         self.param = param
         self.message = message
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
 
 
 def parse_generation_request(body: bytes, chat: bool) -> ChatCompletionRequest | CompletionRequest:

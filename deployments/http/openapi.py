@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from deployments.schemas import ErrorBody
+from deployments.ingress.schemas import ErrorBody
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 
@@ -114,8 +114,11 @@ def install_openapi(
             _add_schemas(components.setdefault("schemas", {}), models)
             if keys_required:
                 _require_bearer(document, components)
-        return app.openapi_schema  # type: ignore[return-value]
+        schema = app.openapi_schema
+        assert schema is not None  # generate() stored it
+        return schema
 
+    # Replacing the method is how FastAPI documents customising the OpenAPI document.
     app.openapi = openapi  # type: ignore[method-assign]
 
 

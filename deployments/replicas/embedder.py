@@ -22,11 +22,11 @@ import numpy as np
 from deployments.backends.runtime_select import apply_runtime, settings_from
 from deployments.backends.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
-from deployments.class_batching import ClassBatching
 from deployments.config import EmbeddingModelConfig
-from deployments.core.jobs import EmbedJob, EmbedOutcome
-from deployments.device import assigned_device
-from deployments.embedding_worker import EmbeddingWorker, Item
+from deployments.core.protocol import EmbedJob, EmbedOutcome
+from deployments.replicas.class_batching import ClassBatching
+from deployments.replicas.device import assigned_device
+from deployments.replicas.embedding_worker import EmbeddingWorker, Item
 
 logger = logging.getLogger("ray.serve")
 

@@ -7,14 +7,14 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 
-from deployments.http_app import json_response, read_call
-from deployments.openapi_doc import error_responses, json_request_body
-from deployments.schemas_generation import ChatCompletionRequest, CompletionRequest
+from deployments.http.common import json_response, read_call
+from deployments.http.openapi import error_responses, json_request_body
+from deployments.ingress.generation_schemas import ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
-    from deployments.ingress import Ingress
+    from deployments.ingress.ingress import Ingress
 
-# What generation says beyond the other model routes (see openapi_doc.ERROR_MEANINGS).
+# What generation says beyond the other model routes (see http/openapi.py ERROR_MEANINGS).
 GENERATION_ERRORS = {
     400: "Bad input (a wrong type, a value out of its range, an empty prompt, an unknown "
     "field), an unsupported field (n > 1, penalties, logprobs, echo, best_of > 1), "
@@ -34,7 +34,7 @@ def install_generation_routes(app: FastAPI, ingress: Ingress) -> None:
 
 def _route(app: FastAPI, ingress: Ingress, path: str, chat: bool, schema: type) -> None:
     async def complete(request: Request) -> Response:
-        meta, tenant, body = await read_call(ingress, request)
+        ingress, meta, tenant, body = await read_call(request)
         answer = await ingress.generate(body, meta, tenant, chat)
         if answer.events is not None:
             headers = {**answer.headers, "Cache-Control": "no-cache"}

@@ -17,11 +17,11 @@ from deployments.backends.pair_scorer import PairScorer
 from deployments.backends.runtime_select import apply_runtime, settings_from
 from deployments.backends.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
-from deployments.class_batching import ClassBatching
 from deployments.config import RerankModelConfig
-from deployments.core.rerank_jobs import RerankJob, RerankOutcome
-from deployments.device import assigned_device
-from deployments.rerank_worker import PairItem, RerankWorker
+from deployments.core.protocol import RerankJob, RerankOutcome
+from deployments.replicas.class_batching import ClassBatching
+from deployments.replicas.device import assigned_device
+from deployments.replicas.rerank_worker import PairItem, RerankWorker
 
 logger = logging.getLogger("ray.serve")
 

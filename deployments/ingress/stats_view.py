@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from deployments.core.priority import ALL_PRIORITIES
-from deployments.observe import RequestObserver
+from deployments.ingress.observe import RequestObserver
 
 
 def batching_classes(

@@ -9,9 +9,9 @@ from typing import Any
 from deployments.config import RerankModelConfig
 from deployments.core.access import estimate_tokens
 from deployments.core.chunking import chunk_count
-from deployments.core.rerank_jobs import RerankJob, RerankResult
-from deployments.errors import PayloadTooLarge
-from deployments.schemas_rerank import RerankQuery
+from deployments.core.protocol import RerankJob, RerankResult
+from deployments.errors import PayloadTooLarge, too_many_passes
+from deployments.ingress.rerank_schemas import RerankQuery
 
 
 def rerank_job(query: RerankQuery, model: RerankModelConfig, request_id: str) -> RerankJob:
@@ -49,19 +49,6 @@ def estimated_chunk_passes(job: RerankJob, model: RerankModelConfig) -> int:
     return sum(
         chunk_count(min(_text_tokens(doc), cap), room, model.chunk_overlap_tokens)
         for doc in job.documents
-    )
-
-
-def too_many_passes(
-    passes: int, model: str, limit: int, param: str, *, estimated: bool
-) -> PayloadTooLarge:
-    how = "about " if estimated else ""
-    return PayloadTooLarge(
-        f"This request needs {how}{passes} chunk passes (query-document chunk pairs the model "
-        f"scores; a long document is several); model '{model}' scores at most {limit} per "
-        f"request (max_chunk_passes). Send fewer or shorter documents, lower "
-        f"max_tokens_per_doc, or score only each document's start (TEI: truncate).",
-        param=param,
     )
 
 

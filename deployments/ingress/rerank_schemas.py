@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import Field, StrictBool, StrictStr, ValidationError
 
 from deployments.errors import InvalidRequest
-from deployments.schemas import ApiModel, Count, NonEmptyStr, _as_invalid_request
+from deployments.ingress.schemas import ApiModel, Count, NonEmptyStr, _as_invalid_request
 
 Dialect = Literal["v1", "v2", "tei"]
 PriorityField = Literal["realtime", "normal", "batch"] | None

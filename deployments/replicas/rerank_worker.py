@@ -20,11 +20,16 @@ from deployments.backends.pair_scorer import PairScorer
 from deployments.config import RerankModelConfig
 from deployments.core.batch_budget import BatchBudget
 from deployments.core.chunking import chunk_spans, combine_scores
-from deployments.core.jobs import EmbedRejection, deadline_rejection
+from deployments.core.protocol import (
+    Rejection,
+    RerankJob,
+    RerankOutcome,
+    RerankResult,
+    deadline_rejection,
+)
 from deployments.core.relevance import to_relevance
-from deployments.core.rerank_jobs import RerankJob, RerankOutcome, RerankResult
-from deployments.embedding_worker import EXPIRED, Dropped, JobState, failed_outcome
-from deployments.rerank_api import too_many_passes
+from deployments.errors import too_many_passes
+from deployments.replicas.embedding_worker import EXPIRED, Dropped, JobState, failed_outcome
 
 
 @dataclass(eq=False)
@@ -44,7 +49,7 @@ class _Plan:
     chunks: list[int]  # per document
     tokens: list[int]  # per document
     truncated: list[int]
-    refused: EmbedRejection | None = None  # over max_chunk_passes: nothing is scored
+    refused: Rejection | None = None  # over max_chunk_passes: nothing is scored
 
 
 RunPair = Callable[[PairItem], Awaitable[float | Dropped]]
@@ -137,12 +142,12 @@ class RerankWorker:
                 job.documents_param,
                 estimated=False,
             )
-            refusal = EmbedRejection(413, error.message, param=error.param, code=error.code)
+            refusal = Rejection(413, error.message, param=error.param, code=error.code)
             return _Plan([], [], [], [], refused=refusal)
         return plan
 
     def _collect(self, plan: _Plan, results: list[Any]) -> RerankOutcome:
-        failed: EmbedRejection | None = failed_outcome(results, "rerank")
+        failed: Rejection | None = failed_outcome(results, "rerank")
         if failed is not None:
             return failed
         raw: list[float] = []

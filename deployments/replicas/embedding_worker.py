@@ -20,11 +20,11 @@ import numpy as np
 from deployments.backends.sentence_embedder import SentenceEmbedder
 from deployments.config import EmbeddingModelConfig
 from deployments.core.batch_budget import BatchBudget
-from deployments.core.jobs import (
+from deployments.core.protocol import (
     EmbedJob,
     EmbedOutcome,
-    EmbedRejection,
     EmbedResult,
+    Rejection,
     deadline_rejection,
 )
 from deployments.errors import MODEL_FAILED_MESSAGE
@@ -102,7 +102,7 @@ class EmbeddingWorker:
         run_item: RunItem,
     ) -> list[EmbedOutcome]:
         now = time.monotonic()
-        prepared: list[_Prepared | EmbedRejection] = [
+        prepared: list[_Prepared | Rejection] = [
             deadline_rejection() if state.drop_reason(now) == EXPIRED else p
             for p, state in zip(self._prepare(jobs), states, strict=True)
         ]
@@ -117,7 +117,7 @@ class EmbeddingWorker:
         outcomes: list[EmbedOutcome] = []
         start = 0
         for p, items in zip(prepared, item_lists, strict=True):
-            if isinstance(p, EmbedRejection):
+            if isinstance(p, Rejection):
                 outcomes.append(p)
                 continue
             mine = results[start : start + len(items)]
@@ -125,11 +125,11 @@ class EmbeddingWorker:
             outcomes.append(self._collect(p, mine))
         return outcomes
 
-    def _prepare(self, jobs: list[EmbedJob]) -> list[_Prepared | EmbedRejection]:
+    def _prepare(self, jobs: list[EmbedJob]) -> list[_Prepared | Rejection]:
         # One tokenizer call for every text of every job: the fast tokenizer batches too.
         texts = [text for job in jobs if job.texts is not None for text in job.texts]
         tokenized = iter(self.backend.tokenize(texts))
-        prepared: list[_Prepared | EmbedRejection] = []
+        prepared: list[_Prepared | Rejection] = []
         for job in jobs:
             if job.texts is not None:
                 bodies = [next(tokenized) for _ in job.texts]
@@ -142,12 +142,12 @@ class EmbeddingWorker:
             prepared.append(self._fit(bodies))
         return prepared
 
-    def _first_bad_token_id(self, bodies: list[list[int]]) -> EmbedRejection | None:
+    def _first_bad_token_id(self, bodies: list[list[int]]) -> Rejection | None:
         vocab = self.backend.vocab_size
         for index, ids in enumerate(bodies):
             for token in ids:
                 if not 0 <= token < vocab:
-                    return EmbedRejection(
+                    return Rejection(
                         400,
                         f"Input {index} has token id {token}, outside this model's "
                         f"vocabulary [0, {vocab}).",
@@ -156,14 +156,14 @@ class EmbeddingWorker:
                     )
         return None
 
-    def _fit(self, bodies: list[list[int]]) -> _Prepared | EmbedRejection:
+    def _fit(self, bodies: list[list[int]]) -> _Prepared | Rejection:
         window = self.backend.window
         inputs: list[list[int]] = []
         truncated: list[int] = []
         for index, body in enumerate(bodies):
             ids, cut = window.wrap(body)
             if cut and not self.config.truncate:
-                return EmbedRejection(
+                return Rejection(
                     400,
                     f"Input {index} has {window.full_length(body)} tokens; model "
                     f"'{self.config.name}' accepts at most {window.max_tokens}.",
@@ -186,21 +186,16 @@ class EmbeddingWorker:
         )
 
 
-def failed_outcome(results: Sequence[Any], what: str) -> EmbedRejection | None:
+def failed_outcome(results: Sequence[Any], what: str) -> Rejection | None:
     """The answer for a job any of whose items was dropped or failed; None if all ran."""
     dropped = next((r for r in results if isinstance(r, Dropped)), None)
     if dropped is not None:
         if dropped.reason == EXPIRED:
             return deadline_rejection()
         # Nobody is listening; the status only has to be an error.
-        return EmbedRejection(499, "The client went away.", code="client_gone")
+        return Rejection(499, "The client went away.", code="client_gone")
     failure = next((r for r in results if isinstance(r, BaseException)), None)
     if failure is not None:
         logger.error("%s batch failed: %r", what, failure)
-        return EmbedRejection(
-            500,
-            MODEL_FAILED_MESSAGE,
-            code="model_error",
-            error_type="server_error",
-        )
+        return Rejection(500, MODEL_FAILED_MESSAGE, code="model_error")
     return None

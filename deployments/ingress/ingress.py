@@ -1,8 +1,8 @@
 """The ingress deployment: parse, validate, route, answer. Logic lives in core/.
 
-`Ingress` is a plain class built from deployment handles; `app.py` wraps it with
-`serve.ingress()`, and Serve calls `__serve_build_asgi_app__` on the replica to get the
-HTTP app. Tests build the same class with fake handles and call the app directly.
+`Ingress` is a plain class built from deployment handles. Its HTTP face lives in http/:
+`http.server.HttpIngress` adds the ASGI hook Serve calls, and `app.py` wraps that subclass
+with `serve.ingress()`. Tests build the same subclass with fake handles.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,23 +23,26 @@ from deployments.config import (
 from deployments.core.access import AccessDenied, Tenant, estimate_tokens
 from deployments.core.class_queues import Refused, loop_deadline
 from deployments.core.coalescer import DeadlineExpired
-from deployments.core.jobs import EmbedJob, EmbedRejection
 from deployments.core.metrics import TributaryMetrics
 from deployments.core.priority import Priority
+from deployments.core.protocol import Rejection
 from deployments.errors import (
     DeadlineExceeded,
     Forbidden,
-    InvalidRequest,
-    ModelFailed,
     ModelNotFound,
     NotReady,
     Overloaded,
-    PayloadTooLarge,
     RateLimited,
     TributaryError,
     Unauthorized,
+    rejection_error,
 )
-from deployments.generation_api import (
+from deployments.ingress.embeddings import (
+    embedding_job,
+    embedding_response,
+    embedding_token_estimate,
+)
+from deployments.ingress.generation import (
     GenerationCall,
     Reply,
     build_job,
@@ -48,20 +50,18 @@ from deployments.generation_api import (
     sse,
     timeout_for,
 )
-from deployments.http_app import build_http_app
+from deployments.ingress.generation_schemas import parse_generation_request
+from deployments.ingress.model_client import ModelClient
+from deployments.ingress.observe import RequestObserver, note_request, observed
+from deployments.ingress.readiness import engines_problem, serve_readiness
+from deployments.ingress.replica_watch import ReplicaWatch
+from deployments.ingress.request_meta import RequestMeta, choose_priority, read_meta
+from deployments.ingress.rerank import rerank_job, rerank_response, rerank_token_estimate
+from deployments.ingress.rerank_schemas import Dialect, parse_rerank_request
+from deployments.ingress.schemas import parse_embedding_request
+from deployments.ingress.stats_view import batching_classes, generation_classes
+from deployments.ingress.tenants import build_access_control
 from deployments.metrics import build_metrics
-from deployments.model_client import ModelClient
-from deployments.observe import RequestObserver, note_request, observed
-from deployments.readiness import engines_problem, serve_readiness
-from deployments.replica_watch import ReplicaWatch
-from deployments.request_meta import RequestMeta, choose_priority, read_meta
-from deployments.rerank_api import rerank_job, rerank_response, rerank_token_estimate
-from deployments.response import embedding_response
-from deployments.schemas import EmbeddingRequest, parse_embedding_request
-from deployments.schemas_generation import parse_generation_request
-from deployments.schemas_rerank import Dialect, parse_rerank_request
-from deployments.stats_view import batching_classes, generation_classes
-from deployments.tenants import build_access_control
 
 logger = logging.getLogger("ray.serve")
 
@@ -80,10 +80,12 @@ class Ingress:
     def __init__(
         self,
         config: dict[str, Any],
-        embedders: dict[str, Any],  # model name -> DeploymentHandle of its Embedder
+        *,
+        # Per task, model name -> DeploymentHandle of its replica; one per configured model.
+        embedders: dict[str, Any] | None = None,
+        rerankers: dict[str, Any] | None = None,
+        generators: dict[str, Any] | None = None,
         readiness: ReadinessCheck | None = None,
-        rerankers: dict[str, Any] | None = None,  # model name -> handle of its Reranker
-        generators: dict[str, Any] | None = None,  # model name -> handle of its Generator
         metrics: TributaryMetrics | None = None,  # None: Ray's, inside a Ray worker
     ) -> None:
         self.config = AppConfig.model_validate(config)
@@ -99,7 +101,7 @@ class Ingress:
         }
         self._generators = generators or {}
         self._watches = {
-            name: ReplicaWatch(name, lambda handle=handle: handle.engine_alive.remote())
+            name: ReplicaWatch(name, _alive_probe(handle))
             for name, handle in self._generators.items()
         }
         self._created = int(time.time())
@@ -107,7 +109,9 @@ class Ingress:
         self.access = build_access_control(self.config.auth)
         ingress = self.config.ingress
         self._clients = {
-            name: ModelClient(name, embedders[name], ingress.admission, ingress.max_group_items)
+            name: ModelClient(
+                name, (embedders or {})[name], ingress.admission, ingress.max_group_items
+            )
             for name in self._models
         }
         for name in self._rerank_models:
@@ -121,9 +125,6 @@ class Ingress:
         self._denied: dict[str, int] = {}
         if self.access.is_open:
             _warn_if_open_to_the_network()
-
-    def __serve_build_asgi_app__(self) -> Any:
-        return build_http_app(self)
 
     @property
     def max_body_bytes(self) -> int:
@@ -175,8 +176,10 @@ class Ingress:
                 param="model",
             )
         priority = self._admit(model, request.priority, meta, tenant)
-        job = _job_of(request, model, meta.request_id)
-        outcome = await self._run(model.name, priority, job, _token_estimate(job), meta, tenant)
+        job = embedding_job(request, model, meta.request_id)
+        outcome = await self._run(
+            model.name, priority, job, embedding_token_estimate(job), meta, tenant
+        )
         return Answer(embedding_response(outcome, request), {"X-Priority": priority.label})
 
     @observed
@@ -207,7 +210,7 @@ class Ingress:
     async def generate(
         self, body: bytes, meta: RequestMeta, tenant: Tenant | None, chat: bool
     ) -> Answer:
-        """/v1/chat/completions (chat) and /v1/completions (generation_api.py)."""
+        """/v1/chat/completions (chat) and /v1/completions (ingress/generation.py)."""
         request = parse_generation_request(body, chat)
         model = self._generation_models.get(request.model)
         if model is None:
@@ -224,11 +227,7 @@ class Ingress:
         self._guard(lambda: self.access.charge(tenant, estimate))
         timeout_s = timeout_for(self.config.ingress.admission, priority, meta.timeout_s)
         call = GenerationCall(
-            model.name,
-            self._generators[model.name],
-            priority,
-            timeout_s,
-            self._watches[model.name],
+            model.name, self._generators[model.name], priority, timeout_s, self._watches[model.name]
         )
         try:
             first = await call.start(job)
@@ -236,7 +235,7 @@ class Ingress:
             self.access.settle(tenant, estimate, 0)
             raise
         reply = Reply(chat, model.name)
-        headers = {"X-Priority": priority.label}
+        headers: dict[str, str] = {"X-Priority": priority.label}
         if request.stream:
 
             def settle(last: Any) -> None:
@@ -280,12 +279,12 @@ class Ingress:
         tokens the model counted, none for a job that failed."""
         note_request(priority=priority.label, items=len(job))
         self._guard(lambda: self.access.charge(tenant, estimate))
-        admission = self.config.ingress.admission.of(priority.label)  # type: ignore[arg-type]
+        admission = self.config.ingress.admission.of(priority.label)
         timeout_s = meta.timeout_s if meta.timeout_s is not None else admission.timeout_s
         try:
             outcome = await self._submit(model, priority, job, timeout_s)
-            if isinstance(outcome, EmbedRejection):
-                raise _rejection_error(outcome)
+            if isinstance(outcome, Rejection):
+                raise rejection_error(outcome)
         except BaseException:
             self.access.settle(tenant, estimate, 0)  # tokens never computed are not charged
             raise
@@ -370,12 +369,6 @@ def _access_error(exc: AccessDenied) -> TributaryError:
     return RateLimited(exc.message, retry_after_s=exc.retry_after_s)
 
 
-def _token_estimate(job: EmbedJob) -> int:
-    if job.texts is not None:
-        return estimate_tokens(job.texts)
-    return sum(len(ids) + 2 for ids in job.token_ids or ())
-
-
 def _warn_if_open_to_the_network() -> None:
     host = _http_host()
     if host is not None and host not in ("127.0.0.1", "localhost", "::1"):
@@ -392,42 +385,12 @@ def _http_host() -> str | None:
     try:
         from ray.serve.context import _get_global_client
 
-        return str(_get_global_client().http_config.host)
+        client = _get_global_client()
+        return None if client is None else str(client.http_config.host)
     except Exception:
         return None
 
 
-def _job_of(request: EmbeddingRequest, model: EmbeddingModelConfig, request_id: str) -> EmbedJob:
-    value = request.input
-    ids = {"job_id": uuid.uuid4().hex, "request_id": request_id}
-    if isinstance(value, str):
-        job = EmbedJob(texts=[value], **ids)
-    elif not value:
-        raise InvalidRequest("'input' must not be an empty array.", param="input")
-    elif isinstance(value[0], str):
-        job = EmbedJob(texts=value, **ids)  # type: ignore[arg-type]
-    elif isinstance(value[0], int):
-        job = EmbedJob(token_ids=[value], **ids)  # type: ignore[list-item]
-    else:
-        job = EmbedJob(token_ids=value, **ids)  # type: ignore[arg-type]
-    inputs = job.texts if job.texts is not None else job.token_ids
-    assert inputs is not None
-    if any(len(item) == 0 for item in inputs):
-        raise InvalidRequest("'input' must not contain empty strings or arrays.", param="input")
-    if len(inputs) > model.max_inputs:
-        raise PayloadTooLarge(
-            f"{len(inputs)} inputs in one request; model '{model.name}' accepts at most "
-            f"{model.max_inputs}.",
-            param="input",
-        )
-    return job
-
-
-def _rejection_error(rejection: EmbedRejection) -> TributaryError:
-    if rejection.status == 504:
-        return DeadlineExceeded(rejection.message)
-    if rejection.status >= 500:
-        return ModelFailed()
-    return InvalidRequest(
-        rejection.message, param=rejection.param, code=rejection.code, status=rejection.status
-    )
+def _alive_probe(handle: Any) -> Callable[[], Awaitable[Any]]:
+    # A function, not a lambda in the comprehension: each probe keeps its own handle.
+    return lambda: handle.engine_alive.remote()

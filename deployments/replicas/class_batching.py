@@ -28,8 +28,8 @@ from deployments.config import ModelBatching
 from deployments.core.batch_budget import BatchBudget, budget_size
 from deployments.core.priority import ALL_PRIORITIES, Priority
 from deployments.core.priority_gate import PriorityGate
-from deployments.embedding_worker import EXPIRED, Dropped, JobState, split_live
 from deployments.metrics import build_metrics
+from deployments.replicas.embedding_worker import EXPIRED, Dropped, JobState, split_live
 
 Outcome = TypeVar("Outcome")
 
@@ -37,6 +37,8 @@ Outcome = TypeVar("Outcome")
 class ClassBatching:
     _executor: ThreadPoolExecutor
     config: Any  # the subclass's model config; its `name` labels the metrics
+    # The subclass's EmbeddingWorker or RerankWorker: run_jobs(jobs, states, budget, run_item).
+    worker: Any
 
     def _init_batching(self, torch_threads: int, batching: ModelBatching) -> int:
         """Sets up the model thread, the class queues and the gate; returns the model
@@ -48,7 +50,8 @@ class ClassBatching:
             max_workers=1, initializer=torch.set_num_threads, initargs=(threads,)
         )
         self._budgets = {p: BatchBudget(1, 1) for p in ALL_PRIORITIES}
-        self._runners = {
+        # serve.batch wrappers; Ray's stubs do not show their set_* methods.
+        self._runners: dict[Priority, Any] = {
             Priority.REALTIME: self._batch_realtime,
             Priority.NORMAL: self._batch_normal,
             Priority.BATCH: self._batch_batch,
@@ -70,15 +73,13 @@ class ClassBatching:
         batching = ModelBatching.model_validate(user_config)
         self.batching = batching
         for priority in ALL_PRIORITIES:
-            settings = batching.of(priority.label)  # type: ignore[arg-type]
+            settings = batching.of(priority.label)
             budget = self._budgets[priority]
             budget.max_batch_size = settings.max_batch_size
             budget.max_batch_tokens = settings.max_batch_tokens
             self._runners[priority].set_max_batch_size(settings.max_batch_size)
             self._runners[priority].set_batch_wait_timeout_s(settings.batch_wait_timeout_s)
-        self.gate.set_aged_after_s(
-            {p: batching.of(p.label).aged_after_s for p in ALL_PRIORITIES}  # type: ignore[arg-type]
-        )
+        self.gate.set_aged_after_s({p: batching.of(p.label).aged_after_s for p in ALL_PRIORITIES})
 
     def batching_info(self) -> dict[str, Any]:
         batches, items = self._counts["batches"], self._counts["items"]
@@ -111,7 +112,7 @@ class ClassBatching:
             [job.job_id for job in jobs],
             [job.request_id for job in jobs],
             time_left_s,
-            lambda states: self.worker.run_jobs(  # type: ignore[attr-defined]
+            lambda states: self.worker.run_jobs(
                 jobs, states, self._budgets[klass], self._runners[klass]
             ),
         )

@@ -11,7 +11,7 @@ Serve hands to each caller. It offers the same `submit`/`cancel` as the continuo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +31,13 @@ class _Row:
     cancelled: bool = False
     tokens: list[int] = field(default_factory=list)
     error: str | None = None  # set on the model thread when this row alone failed
+
+
+# Ray's stubs for serve.batch cover neither a method that streams (an async generator) nor
+# the set_* methods on what it returns; through this name the decorated method is Any.
+_streaming_batch: Callable[[Callable[..., Any]], Any] = serve.batch(
+    max_batch_size=32, batch_wait_timeout_s=0.01
+)
 
 
 class StaticEngine:
@@ -104,7 +111,7 @@ class StaticEngine:
             "batches": self.batches,
         }
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.01)
+    @_streaming_batch
     async def _batch(self, rows: list[_Row]) -> AsyncIterator[list[Any]]:
         self.batches += 1
         loop = asyncio.get_running_loop()

@@ -1,7 +1,7 @@
 """The generation deployment: a causal LM behind priority-aware slots, streaming tokens.
 
 The ingress calls `generate` with `handle.options(stream=True)`; it is an async generator
-that yields `GenerationChunk`s as tokens come (or one `GenerationRejection`). The engine is
+that yields `GenerationChunk`s as tokens come (or one `Rejection`). The engine is
 transformers' continuous-batching manager by default (`engine: continuous`: sequences join
 and leave the running batch at every step, on the manager's own thread) or, for
 comparison, `@serve.batch` over batched `generate` (`engine: static`). In front of either,
@@ -28,13 +28,13 @@ from deployments.backends.causal_lm import CausalLM, resolve_lm_source
 from deployments.backends.continuous import ContinuousEngine, ContinuousSettings, first_output
 from deployments.backends.sampling import SamplingParams
 from deployments.config import GenerationModelConfig, GenerationQueue
-from deployments.core.generation_jobs import GenerationJob
 from deployments.core.priority import ALL_PRIORITIES, Priority
+from deployments.core.protocol import GenerationJob
 from deployments.core.sequence_slots import SequenceSlots, SlotLimits
-from deployments.device import assigned_device, torch_dtype
-from deployments.generation_worker import Event, GenerationWorker
 from deployments.metrics import build_metrics
-from deployments.static_engine import StaticEngine
+from deployments.replicas.device import assigned_device, torch_dtype
+from deployments.replicas.generation_worker import Event, GenerationWorker
+from deployments.replicas.static_engine import StaticEngine
 
 logger = logging.getLogger("ray.serve")
 
@@ -99,8 +99,8 @@ class Generator:
         return SlotLimits(
             max_num_seqs=self.config.max_num_seqs,
             max_tokens=self.config.kv_cache_tokens,
-            max_queued={p: queue.max_queued.get(p.label, 0) for p in ALL_PRIORITIES},  # type: ignore[call-overload]
-            aged_after_s={p: queue.aged_after_s.get(p.label) for p in ALL_PRIORITIES},  # type: ignore[call-overload]
+            max_queued={p: queue.max_queued.get(p.label, 0) for p in ALL_PRIORITIES},
+            aged_after_s={p: queue.aged_after_s.get(p.label) for p in ALL_PRIORITIES},
         )
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:

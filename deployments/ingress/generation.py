@@ -17,26 +17,21 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
-from ray.exceptions import RayActorError
-from ray.serve.exceptions import (
-    BackPressureError,
-    DeploymentUnavailableError,
-    ReplicaUnavailableError,
-)
 
 from deployments.config import AdmissionConfig, GenerationModelConfig
-from deployments.core.generation_jobs import GenerationChunk, GenerationJob, GenerationRejection
 from deployments.core.priority import Priority
+from deployments.core.protocol import GenerationChunk, GenerationJob, Rejection
 from deployments.errors import (
     DeadlineExceeded,
     InvalidRequest,
     ModelFailed,
     NotReady,
-    Overloaded,
     TributaryError,
+    rejection_error,
 )
-from deployments.replica_watch import ReplicaWatch
-from deployments.schemas_generation import ChatCompletionRequest, CompletionRequest
+from deployments.ingress.call_errors import RAY_CALL_ERRORS, REPLICA_GONE, ray_call_error
+from deployments.ingress.generation_schemas import ChatCompletionRequest, CompletionRequest
+from deployments.ingress.replica_watch import ReplicaWatch
 
 logger = logging.getLogger("ray.serve")
 
@@ -75,9 +70,9 @@ class GenerationCall:
         except BaseException as exc:
             self.cancel()
             raise self._error_of(exc) from None
-        if isinstance(first, GenerationRejection):
+        if isinstance(first, Rejection):
             self.cancel()
-            raise _rejection_error(first)
+            raise rejection_error(first)
         return first
 
     async def _first_unless_down(self) -> Any:
@@ -113,7 +108,7 @@ class GenerationCall:
             self.cancel()
 
     def _error_of(self, exc: BaseException) -> BaseException:
-        if isinstance(exc, RayActorError | ReplicaUnavailableError):
+        if isinstance(exc, REPLICA_GONE):
             self._watch.call_died()
         return _call_error(self.model, self.priority, exc)
 
@@ -159,7 +154,7 @@ def build_job(
 
 
 def timeout_for(admission: AdmissionConfig, priority: Priority, asked: float | None) -> float:
-    return asked if asked is not None else admission.of(priority.label).timeout_s  # type: ignore[arg-type]
+    return asked if asked is not None else admission.of(priority.label).timeout_s
 
 
 class Reply:
@@ -250,23 +245,6 @@ async def sse(
         on_end(last)
 
 
-def _rejection_error(rejection: GenerationRejection) -> TributaryError:
-    if rejection.status == 504:
-        return DeadlineExceeded(rejection.message)
-    if rejection.status in (429, 503):
-        return Overloaded(
-            rejection.message,
-            retry_after_s=rejection.retry_after_s,
-            status=rejection.status,
-            code=rejection.code,
-        )
-    if rejection.status >= 500:
-        return ModelFailed()
-    return InvalidRequest(
-        rejection.message, param=rejection.param, code=rejection.code, status=rejection.status
-    )
-
-
 def _no_replica(model: str) -> NotReady:
     return NotReady(f"Model '{model}' has no running replica; it is restarting. Retry shortly.")
 
@@ -274,14 +252,7 @@ def _no_replica(model: str) -> NotReady:
 def _call_error(model: str, priority: Priority, exc: BaseException) -> BaseException:
     if isinstance(exc, TributaryError | asyncio.CancelledError):
         return exc
-    if isinstance(exc, BackPressureError):
-        return Overloaded(
-            f"The queue of model '{model}' is full; retry shortly.",
-            retry_after_s=1,
-            status=503 if priority is Priority.REALTIME else 429,
-            code="queue_full",
-        )
-    if isinstance(exc, RayActorError | DeploymentUnavailableError | ReplicaUnavailableError):
-        return NotReady(f"Model '{model}' is restarting or unavailable; retry shortly.")
+    if isinstance(exc, RAY_CALL_ERRORS):
+        return ray_call_error(model, priority, exc)
     logger.error("generation call to %s failed", model, exc_info=exc)
     return ModelFailed()

@@ -1,0 +1,124 @@
+"""What crosses Ray between the ingress and the model replicas: jobs, outcomes, and the one
+`Rejection` every task answers with. Plain data, so the ingress builds it without model code.
+
+Embed and rerank: one job is one HTTP request; the ingress sends the jobs of one priority
+class (its concurrent requests) in a single call, with the seconds each has left before its
+deadline, and gets back one outcome per job, in order. A job that cannot be served (too
+long, bad token ids, out of time) gets a `Rejection` without failing the other jobs of its
+call. Generation: one job per call; chunks stream back, or a `Rejection` instead of any.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class EmbedJob:
+    texts: list[str] | None = None
+    token_ids: list[list[int]] | None = None
+    job_id: str = ""  # unique per job; how the ingress names a job it no longer wants
+    request_id: str = ""  # the client's X-Request-ID, for logs and the drop ledger
+
+    def __post_init__(self) -> None:
+        if (self.texts is None) == (self.token_ids is None):
+            raise ValueError("an EmbedJob has either texts or token_ids")
+
+    def __len__(self) -> int:
+        inputs = self.texts if self.texts is not None else self.token_ids
+        return len(inputs or ())
+
+
+@dataclass(frozen=True)
+class EmbedResult:
+    vectors: np.ndarray  # (inputs, dim) float32, unit length
+    token_counts: list[int]  # tokens fed to the model per input, special tokens included
+    truncated: list[int] = field(default_factory=list)  # indices of inputs that were cut
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A job a model deployment refused, of any task; `status` is the HTTP status to answer.
+    A generation replica sends it instead of any chunk."""
+
+    status: int
+    message: str
+    param: str | None = None
+    code: str | None = None
+    retry_after_s: float | None = None  # with 429 and 503
+
+
+EmbedOutcome = EmbedResult | Rejection
+
+DEADLINE_MESSAGE = "The request's deadline passed before the model reached it."
+
+
+def deadline_rejection() -> Rejection:
+    return Rejection(504, DEADLINE_MESSAGE, code="deadline_exceeded")
+
+
+# Rerank.
+
+
+@dataclass(frozen=True)
+class RerankJob:
+    query: str
+    documents: list[str]
+    # Tokens of each document that are scored (None: the model's configured cap).
+    max_tokens_per_doc: int | None = None
+    # Score only each document's first window, as a plain truncating reranker does.
+    first_chunk_only: bool = False
+    job_id: str = ""
+    request_id: str = ""
+    # The ingress's estimate of the query-chunk pairs the model will score.
+    chunk_passes: int = 0
+    # The request field holding the documents, for errors: "documents", or TEI's "texts".
+    documents_param: str = "documents"
+
+    def __len__(self) -> int:
+        # Admission counts what the model will score, chunk passes: one long document is
+        # many of them. Every document is at least one, whatever the estimate says.
+        return max(self.chunk_passes, len(self.documents))
+
+
+@dataclass(frozen=True)
+class RerankResult:
+    raw: np.ndarray  # per document: the model's raw score (logit or cosine) of its best chunk
+    relevance: np.ndarray  # per document: the same mapped into [0, 1]
+    token_counts: list[int]  # per document: tokens fed to the model over all its chunks
+    chunks: list[int]  # per document: how many chunks were scored
+    truncated: list[int] = field(default_factory=list)  # documents cut at max_tokens_per_doc
+
+
+RerankOutcome = RerankResult | Rejection
+
+
+# Generation.
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class GenerationJob:
+    request_id: str
+    max_tokens: int
+    prompt: str | None = None  # /v1/completions
+    messages: list[dict[str, str]] | None = None  # /v1/chat/completions
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class GenerationChunk:
+    """New text since the last chunk. The last chunk has `finish_reason` set; every chunk
+    carries the counts so far, so the last one is the request's usage."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: FinishReason | None = None

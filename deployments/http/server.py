@@ -1,0 +1,95 @@
+"""The HTTP face of the ingress: a FastAPI app of thin routes over an `Ingress`.
+
+The routes live one module per dialect family and read the ingress from `app.state`; this
+module assembles them, answers errors in one shape, and gives `Ingress` its ASGI hook.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+
+from deployments.errors import (
+    InternalError,
+    InvalidRequest,
+    MethodNotAllowed,
+    RouteNotFound,
+    TributaryError,
+    error_response,
+)
+from deployments.http.embeddings import install_embedding_routes
+from deployments.http.generation import install_generation_routes
+from deployments.http.openapi import install_openapi
+from deployments.http.rerank import install_rerank_routes
+from deployments.http.service import install_service_routes
+from deployments.ingress.generation_schemas import ChatCompletionRequest, CompletionRequest
+from deployments.ingress.ingress import Ingress
+from deployments.ingress.rerank_schemas import RerankRequest, TeiRerankRequest
+from deployments.ingress.schemas import EmbeddingRequest
+
+logger = logging.getLogger("ray.serve")
+
+REQUEST_MODELS = (
+    EmbeddingRequest,
+    RerankRequest,
+    TeiRerankRequest,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+
+
+class HttpIngress(Ingress):
+    """The ingress as Serve runs it: Serve calls `__serve_build_asgi_app__` on the replica.
+
+    The hook lives here, not on `Ingress`, so that ingress/ never imports http/.
+    """
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return build_http_app(self)
+
+
+def build_http_app(ingress: Ingress) -> FastAPI:
+    app = FastAPI(
+        title="Tributary",
+        summary="Batched serving of local models: OpenAI-compatible embeddings and "
+        "completions; Cohere-, Jina- and TEI-compatible reranking.",
+        version="0.1.0",
+    )
+    app.state.ingress = ingress
+    _install_error_handlers(app)
+    install_openapi(app, REQUEST_MODELS, keys_required=not ingress.access.is_open)
+    install_embedding_routes(app, ingress)
+    install_rerank_routes(app, ingress)
+    install_generation_routes(app, ingress)
+    install_service_routes(app)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def tributary_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, TributaryError)
+        return error_response(exc)
+
+    async def http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 404:
+            return error_response(RouteNotFound("No such route."))
+        if exc.status_code == 405:
+            return error_response(MethodNotAllowed("Method not allowed on this route."))
+        return error_response(TributaryError(str(exc.detail), status=exc.status_code))
+
+    async def validation_error(_: Request, exc: Exception) -> Response:
+        return error_response(InvalidRequest("The request is not valid."))
+
+    async def unexpected_error(_: Request, exc: Exception) -> Response:
+        logger.error("unhandled error in the ingress", exc_info=exc)
+        return error_response(InternalError())
+
+    app.add_exception_handler(TributaryError, tributary_error)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(Exception, unexpected_error)

@@ -1,0 +1,91 @@
+"""Embeddings in the ingress: request -> job, and the response as plain dicts of numpy arrays,
+serialised by orjson in one pass."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, cast
+
+import orjson
+
+from deployments.config import EmbeddingModelConfig
+from deployments.core.access import estimate_tokens
+from deployments.core.protocol import EmbedJob, EmbedResult
+from deployments.core.vectors import shrink_dimensions, to_base64
+from deployments.errors import InvalidRequest, PayloadTooLarge
+from deployments.ingress.schemas import EmbeddingRequest
+
+
+def embedding_response(result: EmbedResult, request: EmbeddingRequest) -> dict[str, Any]:
+    width = result.vectors.shape[1]
+    if request.dimensions is not None and request.dimensions > width:
+        raise InvalidRequest(
+            f"'dimensions' is {request.dimensions}; model '{request.model}' has {width}.",
+            param="dimensions",
+        )
+    vectors = shrink_dimensions(result.vectors, request.dimensions)
+    as_base64 = request.encoding_format == "base64"
+    truncated = set(result.truncated)
+    data: list[dict[str, Any]] = []
+    for index, vector in enumerate(vectors):
+        entry: dict[str, Any] = {
+            "object": "embedding",
+            "index": index,
+            "embedding": to_base64(vector) if as_base64 else vector,
+        }
+        if index in truncated:
+            entry["truncated"] = True
+        data.append(entry)
+    tokens = sum(result.token_counts)
+    return {
+        "object": "list",
+        "data": data,
+        "model": request.model,
+        "usage": {
+            "prompt_tokens": tokens,
+            "total_tokens": tokens,
+            "truncated_inputs": len(truncated),
+        },
+    }
+
+
+def to_json(body: Any) -> bytes:
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def embedding_job(
+    request: EmbeddingRequest, model: EmbeddingModelConfig, request_id: str
+) -> EmbedJob:
+    value = request.input
+    job_id = uuid.uuid4().hex
+    # The schema's union is checked; an isinstance on the first item tells which member.
+    if isinstance(value, str):
+        job = EmbedJob(texts=[value], job_id=job_id, request_id=request_id)
+    elif not value:
+        raise InvalidRequest("'input' must not be an empty array.", param="input")
+    elif isinstance(value[0], str):
+        texts = cast(list[str], value)
+        job = EmbedJob(texts=texts, job_id=job_id, request_id=request_id)
+    elif isinstance(value[0], int):
+        one = cast(list[int], value)
+        job = EmbedJob(token_ids=[one], job_id=job_id, request_id=request_id)
+    else:
+        many = cast(list[list[int]], value)
+        job = EmbedJob(token_ids=many, job_id=job_id, request_id=request_id)
+    inputs = job.texts if job.texts is not None else job.token_ids
+    assert inputs is not None
+    if any(len(item) == 0 for item in inputs):
+        raise InvalidRequest("'input' must not contain empty strings or arrays.", param="input")
+    if len(inputs) > model.max_inputs:
+        raise PayloadTooLarge(
+            f"{len(inputs)} inputs in one request; model '{model.name}' accepts at most "
+            f"{model.max_inputs}.",
+            param="input",
+        )
+    return job
+
+
+def embedding_token_estimate(job: EmbedJob) -> int:
+    if job.texts is not None:
+        return estimate_tokens(job.texts)
+    return sum(len(ids) + 2 for ids in job.token_ids or ())
