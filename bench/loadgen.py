@@ -7,7 +7,6 @@ parsed just enough to find the status and where the body ends.
 
 import argparse
 import asyncio
-import email.utils
 import math
 import sys
 import time
@@ -19,6 +18,7 @@ from typing import Any
 import orjson
 from tqdm import tqdm
 
+from bench.http_response import RETRY_STATUSES, parse_retry_after, read_response
 from bench.texts import sentences
 
 # Keeps a refused or closing server from turning workers into a busy loop.
@@ -27,9 +27,6 @@ _DRAIN_TIMEOUT_S = 30.0
 _TICK_S = 0.25
 _ERROR_SNIPPET = 300
 _OK = 200
-_NO_BODY_STATUSES = frozenset({*range(100, 200), 204, 304})
-# Statuses after which a client that honours Retry-After waits before its next request.
-RETRY_STATUSES = frozenset({429, 503})
 
 
 @dataclass
@@ -128,65 +125,6 @@ class _State:
             self.failures += 1
 
 
-def _header(head_lower: bytes, name: bytes) -> bytes | None:
-    start = head_lower.find(b"\r\n" + name + b":")
-    if start < 0:
-        return None
-    start += len(name) + 3
-    return head_lower[start : head_lower.index(b"\r\n", start)].strip()
-
-
-async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    parts: list[bytes] = []
-    while True:
-        size_line = await reader.readuntil(b"\r\n")
-        size = int(size_line.split(b";", 1)[0], 16)
-        if size == 0:
-            while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers
-                pass
-            return b"".join(parts)
-        parts.append((await reader.readexactly(size + 2))[:-2])
-
-
-def parse_retry_after(value: bytes | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a Retry-After value (delta-seconds or an HTTP date, RFC 9110);
-    None when absent or unreadable. ``now`` is the Unix time an HTTP date is measured from."""
-    if value is None:
-        return None
-    text = value.decode("latin-1").strip()
-    try:
-        seconds = float(text)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(text)
-        except (TypeError, ValueError, IndexError):
-            return None
-        seconds = when.timestamp() - (time.time() if now is None else now)
-    return max(0.0, seconds) if math.isfinite(seconds) else None
-
-
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool, bytes | None]:
-    """Return (status, body, keep_alive, the Retry-After value) of one response."""
-    head = (await reader.readuntil(b"\r\n\r\n")).lower()
-    status = int(head[9:12])
-    connection = _header(head, b"connection")
-    keep_alive = (
-        connection != b"close" if head.startswith(b"http/1.1") else connection == b"keep-alive"
-    )
-    length = _header(head, b"content-length")
-    encoding = _header(head, b"transfer-encoding")
-    if status in _NO_BODY_STATUSES:
-        body = b""
-    elif length is not None:
-        body = await reader.readexactly(int(length))
-    elif encoding is not None and b"chunked" in encoding:
-        body = await _read_chunked(reader)
-    else:
-        body = await reader.read()  # delimited by connection close
-        keep_alive = False
-    return status, body, keep_alive, _header(head, b"retry-after")
-
-
 async def _worker(
     state: _State,
     host: str,
@@ -208,7 +146,7 @@ async def _worker(
                     reader, writer = await asyncio.open_connection(host, port)
                 # No drain(): one request in flight per connection bounds the buffer.
                 writer.write(request)
-                status, body, keep_alive, retry_after = await _read_response(reader)
+                status, body, keep_alive, retry_after = await read_response(reader)
             except (
                 OSError,
                 EOFError,

@@ -14,7 +14,8 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from bench.loadgen import RETRY_STATUSES, LoadResult, _encode_requests, _read_response, _State
+from bench.http_response import RETRY_STATUSES, read_response
+from bench.loadgen import LoadResult, _encode_requests, _State
 
 _CONNECTION_ERRORS = (
     OSError,  # TimeoutError too
@@ -71,7 +72,7 @@ class _Run:
             async with asyncio.timeout(self.timeout_s):
                 reader, writer = await self.pool.take()
                 writer.write(request)
-                status, body, keep_alive, retry_after = await _read_response(reader)
+                status, body, keep_alive, retry_after = await read_response(reader)
         except _CONNECTION_ERRORS as exc:
             self.non_ok_total += 1
             self.no_answer_total += 1

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from deployments.core.keys import KeyRing
@@ -84,11 +86,43 @@ class AccessControl:
         if tenant.tokens is not None:
             tenant.tokens.take(tokens)
 
+    @classmethod
+    def hold(cls, tenant: Tenant | None, tokens: int) -> Charge:
+        """`charge`, as a `Charge` to settle once the model has counted."""
+        cls.charge(tenant, tokens)
+        return Charge(tenant, tokens)
+
     @staticmethod
     def settle(tenant: Tenant | None, estimated: int, actual: int) -> None:
         """Replaces the estimate charged at admission by the model's own count."""
         if tenant is not None and tenant.tokens is not None:
             tenant.tokens.give_back(estimated - actual)
+
+
+@dataclass
+class Charge:
+    """One request's tokens, taken from its tenant at admission as an estimate and settled
+    once with the model's own count. Every task charges this way: embeddings and rerank
+    settle with the outcome's token counts, generation with the last chunk's usage."""
+
+    tenant: Tenant | None
+    estimate: int
+    settled: bool = False
+
+    def settle(self, actual: int) -> None:
+        if not self.settled:
+            self.settled = True
+            AccessControl.settle(self.tenant, self.estimate, actual)
+
+    @contextmanager
+    def refunded_on_failure(self) -> Iterator[None]:
+        """A failure (or cancellation) in the block settles at 0: tokens the model never
+        computed are not charged."""
+        try:
+            yield
+        except BaseException:
+            self.settle(0)
+            raise
 
 
 def estimate_tokens(texts: list[str]) -> int:

@@ -1,9 +1,11 @@
-"""Priority classes. Lower value = served first."""
+"""Priority classes (lower value = served first), and the aged pick among their queues
+that both the replica's gate and the generation slots use."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from enum import IntEnum
-from typing import Literal, cast
+from typing import Literal, Protocol, TypeVar, cast
 
 # A class by its name, as configs and headers spell it.
 PriorityName = Literal["realtime", "normal", "batch"]
@@ -34,3 +36,44 @@ class Priority(IntEnum):
 
 
 ALL_PRIORITIES: tuple[Priority, ...] = tuple(Priority)
+
+
+class Waiting(Protocol):
+    """Anything waiting its turn in a class queue: a batch at the gate, a sequence for a slot."""
+
+    @property
+    def priority(self) -> Priority: ...
+
+    @property
+    def since(self) -> float: ...
+
+
+W = TypeVar("W", bound=Waiting)
+
+
+def next_in_line(
+    queues: Mapping[Priority, Sequence[W]],
+    aged_after_s: Mapping[Priority, float | None],
+    now: float,
+) -> tuple[W | None, bool]:
+    """The queue head to serve next, and whether ageing put it ahead of a higher class.
+
+    The head of the highest class goes first, except that a head whose class has an
+    `aged_after_s` and that has waited that long goes before it (the oldest such head when
+    there are several): lower classes slow down under load, but never starve. Only heads
+    are considered, so nothing in a queue is passed over for something behind it."""
+    aged = [
+        queue[0]
+        for priority, queue in queues.items()
+        if queue
+        and (limit := aged_after_s.get(priority)) is not None
+        and now - queue[0].since >= limit
+    ]
+    if aged:
+        oldest = min(aged, key=lambda waiting: waiting.since)
+        return oldest, oldest.priority != min(p for p, q in queues.items() if q)
+    for priority in ALL_PRIORITIES:
+        queue = queues.get(priority)
+        if queue:
+            return queue[0], False
+    return None, False

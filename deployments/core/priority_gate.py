@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from deployments.core.priority import ALL_PRIORITIES, Priority
+from deployments.core.priority import ALL_PRIORITIES, Priority, next_in_line
 
 
 @dataclass(eq=False)
@@ -98,20 +98,6 @@ class PriorityGate:
         turn.granted.set_result(None)
 
     def _next_turn(self) -> _Turn | None:
-        now = self._clock()
-        aged = [
-            queue[0]
-            for priority, queue in self._queues.items()
-            if queue
-            and (limit := self._aged_after_s.get(priority)) is not None
-            and now - queue[0].since >= limit
-        ]
-        if aged:
-            oldest = min(aged, key=lambda t: t.since)
-            if oldest.priority != min(p for p, q in self._queues.items() if q):
-                self._aged_turns += 1
-            return oldest
-        for priority in ALL_PRIORITIES:
-            if self._queues[priority]:
-                return self._queues[priority][0]
-        return None
+        turn, aged = next_in_line(self._queues, self._aged_after_s, self._clock())
+        self._aged_turns += aged
+        return turn

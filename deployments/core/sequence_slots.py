@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from deployments.core.priority import ALL_PRIORITIES, Priority
+from deployments.core.priority import ALL_PRIORITIES, Priority, next_in_line
 
 
 class SlotTimeout(Exception):
@@ -161,18 +161,4 @@ class SequenceSlots:
         for queue in self._queues.values():  # drop heads that gave up
             while queue and queue[0].granted is not None and queue[0].granted.done():
                 queue.popleft()
-        now = self._clock()
-        aged = [
-            queue[0]
-            for priority, queue in self._queues.items()
-            if queue
-            and (limit := self.limits.aged_after_s.get(priority)) is not None
-            and now - queue[0].since >= limit
-        ]
-        if aged:
-            oldest = min(aged, key=lambda s: s.since)
-            return oldest, oldest.priority != min(p for p, q in self._queues.items() if q)
-        for priority in ALL_PRIORITIES:
-            if self._queues[priority]:
-                return self._queues[priority][0], False
-        return None, False
+        return next_in_line(self._queues, self.limits.aged_after_s, self._clock())

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from deployments.config import (
     AppConfig,
@@ -25,7 +25,7 @@ from deployments.core.class_queues import Refused, loop_deadline
 from deployments.core.coalescer import DeadlineExpired
 from deployments.core.metrics import TributaryMetrics
 from deployments.core.priority import Priority
-from deployments.core.protocol import Rejection
+from deployments.core.protocol import GenerationChunk, Rejection
 from deployments.errors import (
     DeadlineExceeded,
     Forbidden,
@@ -62,6 +62,8 @@ from deployments.ingress.schemas import parse_embedding_request
 from deployments.ingress.stats_view import batching_classes, generation_classes
 from deployments.ingress.tenants import build_access_control
 from deployments.metrics import build_metrics
+
+T = TypeVar("T")
 
 logger = logging.getLogger("ray.serve")
 
@@ -224,32 +226,25 @@ class Ingress:
         job = build_job(request, model, meta.request_id)
         texts = job.prompt or " ".join(m["content"] for m in job.messages or [])
         estimate = estimate_tokens([texts]) + job.max_tokens
-        self._guard(lambda: self.access.charge(tenant, estimate))
+        charge = self._guard(lambda: self.access.hold(tenant, estimate))
         timeout_s = timeout_for(self.config.ingress.admission, priority, meta.timeout_s)
         call = GenerationCall(
             model.name, self._generators[model.name], priority, timeout_s, self._watches[model.name]
         )
-        try:
+        with charge.refunded_on_failure():
             first = await call.start(job)
-        except BaseException:
-            self.access.settle(tenant, estimate, 0)
-            raise
         reply = Reply(chat, model.name)
         headers: dict[str, str] = {"X-Priority": priority.label}
         if request.stream:
 
-            def settle(last: Any) -> None:
-                used = 0 if last is None else last.prompt_tokens + last.completion_tokens
-                self.access.settle(tenant, estimate, used)
+            def settle(last: GenerationChunk | None) -> None:
+                charge.settle(0 if last is None else last.prompt_tokens + last.completion_tokens)
 
             events = sse(call, first, reply, request.include_usage, settle)
             return Answer(None, headers, events=events)
-        try:
+        with charge.refunded_on_failure():
             text, last = await collect(call, first)
-        except BaseException:
-            self.access.settle(tenant, estimate, 0)
-            raise
-        self.access.settle(tenant, estimate, last.prompt_tokens + last.completion_tokens)
+        charge.settle(last.prompt_tokens + last.completion_tokens)
         return Answer(reply.whole(text, last), headers)
 
     def _admit(
@@ -278,17 +273,14 @@ class Ingress:
         """Charge the tenant, queue the job, wait for its outcome; the tenant pays for the
         tokens the model counted, none for a job that failed."""
         note_request(priority=priority.label, items=len(job))
-        self._guard(lambda: self.access.charge(tenant, estimate))
+        charge = self._guard(lambda: self.access.hold(tenant, estimate))
         admission = self.config.ingress.admission.of(priority.label)
         timeout_s = meta.timeout_s if meta.timeout_s is not None else admission.timeout_s
-        try:
+        with charge.refunded_on_failure():
             outcome = await self._submit(model, priority, job, timeout_s)
             if isinstance(outcome, Rejection):
                 raise rejection_error(outcome)
-        except BaseException:
-            self.access.settle(tenant, estimate, 0)  # tokens never computed are not charged
-            raise
-        self.access.settle(tenant, estimate, sum(outcome.token_counts))
+        charge.settle(sum(outcome.token_counts))
         return outcome
 
     async def _submit(self, model: str, priority: Priority, job: Any, timeout_s: float) -> Any:
@@ -330,9 +322,9 @@ class Ingress:
         self._guard(check)
         return tenant
 
-    def _guard(self, check: Callable[[], None]) -> None:
+    def _guard(self, check: Callable[[], T]) -> T:
         try:
-            check()
+            return check()
         except AccessDenied as exc:
             self._denied[exc.kind] = self._denied.get(exc.kind, 0) + 1
             raise _access_error(exc) from None

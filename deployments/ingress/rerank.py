@@ -39,7 +39,7 @@ def rerank_job(query: RerankQuery, model: RerankModelConfig, request_id: str) ->
 
 def estimated_chunk_passes(job: RerankJob, model: RerankModelConfig) -> int:
     """The query-chunk pairs the model will score, from text lengths and the configured
-    window, before any tokenizer has seen the texts. Mirrors `RerankWorker._plan_job`."""
+    window, before any tokenizer has seen the texts. Mirrors `RerankTask._plan_job`."""
     if job.first_chunk_only:
         return len(job.documents)
     cap = model.max_tokens_per_doc

@@ -8,8 +8,8 @@ the model runs one batch at a time, the most urgent waiting one first, with agei
 batch class always moves. Items whose job ran out of time or lost its client are dropped
 at that moment, so the model never computes them. The forward pass runs on a dedicated
 thread so the replica's event loop keeps accepting and batching while the model works.
-That machinery is shared with the reranker (`class_batching.ClassBatching`); this class
-adds what is particular to embeddings.
+That machinery is shared with the reranker (`batched_replica.BatchedReplica`, running the
+lifecycle in `batched_jobs`); this class loads the model and plugs in `embed_task.EmbedTask`.
 """
 
 from __future__ import annotations
@@ -17,23 +17,21 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import numpy as np
-
 from deployments.backends.runtime_select import apply_runtime, settings_from
 from deployments.backends.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
 from deployments.config import EmbeddingModelConfig
 from deployments.core.protocol import EmbedJob, EmbedOutcome
-from deployments.replicas.class_batching import ClassBatching
+from deployments.replicas.batched_replica import BatchedReplica
 from deployments.replicas.device import assigned_device
-from deployments.replicas.embedding_worker import EmbeddingWorker, Item
+from deployments.replicas.embed_task import EmbedTask
 
 logger = logging.getLogger("ray.serve")
 
 WARMUP_TEXTS = ["Tributary warms up.", "A longer sentence warms up the padded path too."]
 
 
-class Embedder(ClassBatching):
+class Embedder(BatchedReplica):
     def __init__(self, model: dict[str, Any]) -> None:
         config = EmbeddingModelConfig.model_validate(model)
         self.config = config
@@ -44,7 +42,7 @@ class Embedder(ClassBatching):
         self.runtime = self._executor.submit(
             apply_runtime, self.backend, device, settings_from(config, threads)
         ).result()
-        self.worker = EmbeddingWorker(self.backend, config)
+        self.task = EmbedTask(self.backend, config)
         # A real batch before the replica reports ready, so the first client does not
         # pay for lazy initialisation.
         warm = [self.backend.window.wrap(ids)[0] for ids in self.backend.tokenize(WARMUP_TEXTS)]
@@ -74,6 +72,3 @@ class Embedder(ClassBatching):
         self, priority: str, jobs: list[EmbedJob], time_left_s: list[float | None]
     ) -> list[EmbedOutcome]:
         return await self._run_call(priority, jobs, time_left_s)
-
-    def _compute(self, items: list[Item]) -> list[np.ndarray]:
-        return list(self.backend.embed([item.ids for item in items]))

@@ -1,9 +1,9 @@
 """The reranker deployment: query-document pairs from every concurrent request, batched.
 
 The same per-class batching, priority gate and drops as the embedder
-(`class_batching.ClassBatching`); the items are query-chunk pairs (`rerank_worker`) and
-the forward pass is the backend's `score`: a cross-encoder's logit or a bi-encoder's
-cosine per pair.
+(`batched_replica.BatchedReplica`); its plug-in `rerank_task.RerankTask` makes query-chunk
+pair items and scores them with the backend's `score`: a cross-encoder's logit or a
+bi-encoder's cosine per pair.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from deployments.backends.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
 from deployments.config import RerankModelConfig
 from deployments.core.protocol import RerankJob, RerankOutcome
-from deployments.replicas.class_batching import ClassBatching
+from deployments.replicas.batched_replica import BatchedReplica
 from deployments.replicas.device import assigned_device
-from deployments.replicas.rerank_worker import PairItem, RerankWorker
+from deployments.replicas.rerank_task import RerankTask
 
 logger = logging.getLogger("ray.serve")
 
@@ -42,7 +42,7 @@ def load_scorer(
     return BiEncoderScorer(embedder), apply_runtime(embedder, device, settings)
 
 
-class Reranker(ClassBatching):
+class Reranker(BatchedReplica):
     def __init__(self, model: dict[str, Any]) -> None:
         config = RerankModelConfig.model_validate(model)
         self.config = config
@@ -51,7 +51,7 @@ class Reranker(ClassBatching):
         self.backend, self.runtime = self._executor.submit(
             load_scorer, config, device, threads
         ).result()
-        self.worker = RerankWorker(self.backend, config)
+        self.task = RerankTask(self.backend, config)
         # A real batch before the replica reports ready.
         query, *docs = self.backend.tokenize([WARMUP.query, *WARMUP.documents])
         self._executor.submit(self.backend.score, [(query, doc) for doc in docs]).result()
@@ -91,6 +91,3 @@ class Reranker(ClassBatching):
         self, priority: str, jobs: list[RerankJob], time_left_s: list[float | None]
     ) -> list[RerankOutcome]:
         return await self._run_call(priority, jobs, time_left_s)
-
-    def _compute(self, items: list[PairItem]) -> list[float]:
-        return [float(s) for s in self.backend.score([(i.query, i.doc) for i in items])]

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from bench.loadgen import _read_response
+from bench.http_response import read_response
 from bench.server import Server
 from tests.reliability import report
 from tests.reliability.conftest import wait_for_generation
@@ -32,7 +32,7 @@ async def send(client: httpx.AsyncClient, server: Server, case: Hostile) -> tupl
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         try:
             writer.write(case.raw)
-            status, body, _, _ = await _read_response(reader)
+            status, body, _, _ = await read_response(reader)
         finally:
             writer.close()
         return status, body

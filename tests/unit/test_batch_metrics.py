@@ -1,4 +1,4 @@
-"""What a model replica records per forward pass (ClassBatching._forward), with a fake
+"""What a model replica records per forward pass (BatchedReplica._forward), with a fake
 model: no Ray running, the metrics go to a memory recorder."""
 
 from __future__ import annotations
@@ -20,24 +20,32 @@ from deployments.core.metrics import (
     TributaryMetrics,
 )
 from deployments.core.priority import Priority
-from deployments.replicas.class_batching import ClassBatching
-from deployments.replicas.embedding_worker import Item, JobState
+from deployments.replicas.batched_jobs import JobState
+from deployments.replicas.batched_replica import BatchedReplica
+from deployments.replicas.embed_task import Item
 
 
 class Config:
     name = "fake-model"
 
 
-class FakeModel(ClassBatching):
+class FakeTask:
+    """Only the forward pass: `_forward` is all this test drives."""
+
+    what = "fake"
+
+    def compute(self, items: list[Any]) -> list[int]:
+        time.sleep(0.01)  # a forward pass takes time
+        return [len(item.ids) for item in items]
+
+
+class FakeModel(BatchedReplica):
     def __init__(self) -> None:
         self.config = Config()
         self._init_batching(1, ModelBatching())
         self.recorder = MemoryRecorder()
         self.metrics = TributaryMetrics(self.recorder)
-
-    def _compute(self, items: list[Any]) -> list[int]:
-        time.sleep(0.01)  # a forward pass takes time
-        return [len(item.ids) for item in items]
+        self.task = FakeTask()
 
 
 async def test_a_pass_records_its_live_inputs_and_the_dropped_ones_by_reason() -> None:

@@ -3,7 +3,8 @@
 import asyncio
 import math
 
-from bench.loadgen import LoadResult, _read_response, parse_retry_after
+from bench.http_response import parse_retry_after, read_response
+from bench.loadgen import LoadResult
 from bench.open_loop import OpenLoopResult
 from bench.priority_mix import (
     MixRound,
@@ -34,7 +35,7 @@ def _response(raw: bytes) -> tuple[int, bytes, bool, bytes | None]:
         reader = asyncio.StreamReader()
         reader.feed_data(raw)
         reader.feed_eof()
-        return await _read_response(reader)
+        return await read_response(reader)
 
     return asyncio.run(read())
 

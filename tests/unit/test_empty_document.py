@@ -17,8 +17,8 @@ from deployments.backends.sources import resolve_model_source
 from deployments.config import RerankModelConfig
 from deployments.core.batch_budget import BatchBudget
 from deployments.core.protocol import RerankJob, RerankResult
-from deployments.replicas.embedding_worker import JobState
-from deployments.replicas.rerank_worker import PairItem, RerankWorker
+from deployments.replicas.batched_jobs import JobState, run_jobs
+from deployments.replicas.rerank_task import PairItem, RerankTask
 from tests.tiny_models import build_tiny_cross_encoder
 
 
@@ -42,9 +42,9 @@ async def test_an_empty_document_gets_a_finite_score(
     async def run_item(item: PairItem) -> float:
         return float(scorer.score([(item.query, item.doc)])[0])
 
-    worker = RerankWorker(scorer, config)
+    task = RerankTask(scorer, config)
     job = RerankJob("capital of France", ["", "Paris is the capital of France.", "   "])
-    [outcome] = await worker.run_jobs([job], [JobState("r1", None)], BatchBudget(8, 512), run_item)
+    [outcome] = await run_jobs(task, [job], [JobState("r1", None)], BatchBudget(8, 512), run_item)
     assert isinstance(outcome, RerankResult)
     assert outcome.raw.shape == (3,) and np.all(np.isfinite(outcome.raw))
     assert outcome.chunks == [1, 1, 1]

@@ -1,6 +1,8 @@
+from dataclasses import dataclass
+
 import pytest
 
-from deployments.core.priority import ALL_PRIORITIES, Priority
+from deployments.core.priority import ALL_PRIORITIES, Priority, next_in_line
 
 
 def test_lower_value_is_served_first() -> None:
@@ -47,3 +49,19 @@ def test_capped_at_serves_a_request_above_its_tier_at_the_tier(
     asked: Priority, tier: Priority, served: Priority
 ) -> None:
     assert asked.capped_at(tier) is served
+
+
+@dataclass
+class Head:
+    priority: Priority
+    since: float
+
+
+def test_next_in_line_is_the_highest_class_unless_a_lower_head_has_aged() -> None:
+    realtime, batch = Head(Priority.REALTIME, 9.0), Head(Priority.BATCH, 0.0)
+    queues = {Priority.REALTIME: [realtime], Priority.NORMAL: [], Priority.BATCH: [batch]}
+    aged_after = {Priority.BATCH: 5.0}
+    assert next_in_line(queues, aged_after, now=4.0) == (realtime, False)
+    assert next_in_line(queues, aged_after, now=5.0) == (batch, True)  # aged past realtime
+    assert next_in_line({Priority.BATCH: [batch]}, aged_after, now=5.0) == (batch, False)
+    assert next_in_line({p: [] for p in Priority}, aged_after, now=5.0) == (None, False)

