@@ -21,6 +21,7 @@ from deployments.errors import (
     TributaryError,
     error_response,
 )
+from deployments.http.docs_pages import install_docs_pages
 from deployments.http.embeddings import install_embedding_routes
 from deployments.http.generation import install_generation_routes
 from deployments.http.openapi import install_openapi
@@ -58,6 +59,9 @@ def build_http_app(ingress: Ingress) -> FastAPI:
         summary="Batched serving of local models: OpenAI-compatible embeddings and "
         "completions; Cohere-, Jina- and TEI-compatible reranking.",
         version="0.1.0",
+        # FastAPI's pages load from a CDN; docs_pages serves them from installed files.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.ingress = ingress
     _install_error_handlers(app)
@@ -66,6 +70,7 @@ def build_http_app(ingress: Ingress) -> FastAPI:
     install_rerank_routes(app, ingress)
     install_generation_routes(app, ingress)
     install_service_routes(app)
+    install_docs_pages(app)
     return app
 
 
