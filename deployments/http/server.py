@@ -79,10 +79,10 @@ def _install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, TributaryError)
         return error_response(exc)
 
-    async def http_error(_: Request, exc: Exception) -> Response:
+    async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         if exc.status_code == 404:
-            return error_response(RouteNotFound("No such route."))
+            return error_response(route_not_found(app, request.method, request.url.path))
         if exc.status_code == 405:
             return error_response(MethodNotAllowed("Method not allowed on this route."))
         return error_response(TributaryError(str(exc.detail), status=exc.status_code))
@@ -98,3 +98,24 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(Exception, unexpected_error)
+
+
+def route_not_found(app: FastAPI, method: str, path: str) -> RouteNotFound:
+    """A 404 that names the request and lists every route there is, so a client of another
+    dialect (or with a typo) sees at once what to call instead."""
+    shown = path if len(path) <= 200 else path[:200] + "..."
+    return RouteNotFound(f"No route {method} {shown}. The routes are: {route_list(app)}.")
+
+
+def route_list(app: FastAPI) -> str:
+    """`POST /v1/embeddings, GET /v1/models, ...` in the app's order. HEAD is left out (it
+    mirrors GET) and so are templated paths (the documentation assets)."""
+    seen: list[str] = []
+    for route in app.routes:
+        path = getattr(route, "path", "")
+        methods = getattr(route, "methods", None) or ()
+        for method in sorted(set(methods) - {"HEAD"}):
+            entry = f"{method} {path}"
+            if "{" not in path and entry not in seen:
+                seen.append(entry)
+    return ", ".join(seen)
