@@ -6,21 +6,28 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.serve.conftest import Server
-from tests.serve.test_status_page_served import CHROMIUM, FLAGS
+from tests.serve.test_status_page_served import CHROMIUM, FLAGS, require_chromium
 
 # Any name but the server's address fails to resolve, as on a machine with no internet.
 OFFLINE = "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"
 ROUTES = ("/v1/embeddings", "/v1/rerank", "/v1/chat/completions", "/healthz")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _chromium() -> None:
+    # Session scope and autouse: checked before the server starts, so a skip costs nothing.
+    require_chromium()
+
+
 def render_offline(url: str, profile: Path) -> str:
-    assert shutil.which(CHROMIUM), f"{CHROMIUM} is missing: `make test` installs it"
+    require_chromium()
     flags = [f for f in FLAGS if not f.startswith("--virtual-time-budget")]
     command = [CHROMIUM, *flags, "--virtual-time-budget=10000", OFFLINE]
     browser = subprocess.Popen(
