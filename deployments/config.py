@@ -130,6 +130,14 @@ class EmbeddingModelConfig(EncoderModelConfig):
         "response); false answers 400 instead.",
     )
     max_inputs: int = Field(2048, ge=1, description="Most inputs in one request (413).")
+    accept_token_ids: bool = Field(
+        False,
+        description="Accept `input` as token ids. Only for clients that send ids in this "
+        "model's own vocabulary: OpenAI clients that tokenize first (LangChain's "
+        "OpenAIEmbeddings by default) send tiktoken ids, which this model would misread "
+        "as its own and embed into a wrong vector. False answers such input with 400 "
+        "`token_ids_not_accepted`, asking for text instead.",
+    )
 
 
 class RerankModelConfig(EncoderModelConfig):

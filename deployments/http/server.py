@@ -21,6 +21,7 @@ from deployments.errors import (
     TributaryError,
     error_response,
 )
+from deployments.http.docs_pages import install_docs_pages
 from deployments.http.embeddings import install_embedding_routes
 from deployments.http.generation import install_generation_routes
 from deployments.http.openapi import install_openapi
@@ -58,6 +59,9 @@ def build_http_app(ingress: Ingress) -> FastAPI:
         summary="Batched serving of local models: OpenAI-compatible embeddings and "
         "completions; Cohere-, Jina- and TEI-compatible reranking.",
         version="0.1.0",
+        # FastAPI's pages load from a CDN; docs_pages serves them from installed files.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.ingress = ingress
     _install_error_handlers(app)
@@ -66,6 +70,7 @@ def build_http_app(ingress: Ingress) -> FastAPI:
     install_rerank_routes(app, ingress)
     install_generation_routes(app, ingress)
     install_service_routes(app)
+    install_docs_pages(app)
     return app
 
 
@@ -74,10 +79,10 @@ def _install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, TributaryError)
         return error_response(exc)
 
-    async def http_error(_: Request, exc: Exception) -> Response:
+    async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         if exc.status_code == 404:
-            return error_response(RouteNotFound("No such route."))
+            return error_response(route_not_found(app, request.method, request.url.path))
         if exc.status_code == 405:
             return error_response(MethodNotAllowed("Method not allowed on this route."))
         return error_response(TributaryError(str(exc.detail), status=exc.status_code))
@@ -93,3 +98,24 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(Exception, unexpected_error)
+
+
+def route_not_found(app: FastAPI, method: str, path: str) -> RouteNotFound:
+    """A 404 that names the request and lists every route there is, so a client of another
+    dialect (or with a typo) sees at once what to call instead."""
+    shown = path if len(path) <= 200 else path[:200] + "..."
+    return RouteNotFound(f"No route {method} {shown}. The routes are: {route_list(app)}.")
+
+
+def route_list(app: FastAPI) -> str:
+    """`POST /v1/embeddings, GET /v1/models, ...` in the app's order. HEAD is left out (it
+    mirrors GET) and so are templated paths (the documentation assets)."""
+    seen: list[str] = []
+    for route in app.routes:
+        path = getattr(route, "path", "")
+        methods = getattr(route, "methods", None) or ()
+        for method in sorted(set(methods) - {"HEAD"}):
+            entry = f"{method} {path}"
+            if "{" not in path and entry not in seen:
+                seen.append(entry)
+    return ", ".join(seen)

@@ -72,6 +72,8 @@ def embedding_job(
     else:
         many = cast(list[list[int]], value)
         job = EmbedJob(token_ids=many, job_id=job_id, request_id=request_id)
+    if job.token_ids is not None and not model.accept_token_ids:
+        raise token_ids_not_accepted(model.name)
     inputs = job.texts if job.texts is not None else job.token_ids
     assert inputs is not None
     if any(len(item) == 0 for item in inputs):
@@ -83,6 +85,21 @@ def embedding_job(
             param="input",
         )
     return job
+
+
+def token_ids_not_accepted(model: str) -> InvalidRequest:
+    """The 400 for token ids a model was not configured to trust: ids from another
+    tokenizer (tiktoken's, sent by OpenAI clients) would be read as this model's own and
+    give a wrong vector with a 200, so they are refused unless the config says otherwise."""
+    return InvalidRequest(
+        f"Model '{model}' does not accept token ids as 'input': ids from another tokenizer "
+        "(OpenAI clients send tiktoken's) would be misread as this model's own. Send the "
+        "text instead; with LangChain's OpenAIEmbeddings, set "
+        "check_embedding_ctx_length=False. (An operator can set accept_token_ids: true on "
+        "a model whose clients send ids in its own vocabulary.)",
+        param="input",
+        code="token_ids_not_accepted",
+    )
 
 
 def embedding_token_estimate(job: EmbedJob) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import orjson
 from pydantic import (
     Field,
     StrictBool,
@@ -151,6 +152,12 @@ def parse_generation_request(body: bytes, chat: bool) -> ChatCompletionRequest |
         cause = first.get("ctx", {}).get("error")
         if isinstance(cause, _Unsupported):
             raise InvalidRequest(cause.message, param=cause.param, code="unsupported") from None
+        if not chat and first["loc"][:1] == ("prompt",) and _token_id_prompt(body):
+            raise InvalidRequest(
+                "Token-id prompts are not accepted: send the prompt as text.",
+                param="prompt",
+                code="token_ids_not_accepted",
+            ) from None
         shapes = {
             "stop": "'stop' must be a string or an array of strings",
             "prompt": "'prompt' must be a non-empty string or a one-element array of one",
@@ -158,3 +165,16 @@ def parse_generation_request(body: bytes, chat: bool) -> ChatCompletionRequest |
             "role one of system, user, assistant, developer, content a string",
         }
         raise _as_invalid_request(exc, shapes) from None
+
+
+def _token_id_prompt(body: bytes) -> bool:
+    """Whether `prompt` was sent as token ids (OpenAI allows an array of integers, or of
+    arrays of them), meant to be the model's own ids. Tributary's completions take text
+    only; naming the refusal tells a client that tokenized first to send the text instead."""
+    try:
+        prompt = orjson.loads(body).get("prompt")
+    except (orjson.JSONDecodeError, AttributeError):
+        return False
+    items = prompt if isinstance(prompt, list) else []
+    flat = [x for item in items for x in (item if isinstance(item, list) else [item])]
+    return bool(flat) and all(isinstance(x, int) and not isinstance(x, bool) for x in flat)

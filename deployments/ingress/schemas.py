@@ -48,8 +48,10 @@ class EmbeddingRequest(ApiModel):
     ) = Field(
         ...,
         description="A text, a list of texts, one list of token ids, or a list of them; "
-        "nothing empty. Token ids are the model's own vocabulary, without special tokens. "
-        "At most the model's `max_inputs` inputs (413).",
+        "nothing empty. Token ids only where the model's config has `accept_token_ids: "
+        "true` (otherwise 400 `token_ids_not_accepted`: send text); they are the model's "
+        "own vocabulary, without special tokens. At most the model's `max_inputs` inputs "
+        "(413).",
     )
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="`base64`: little-endian float32 bytes, base64-encoded."

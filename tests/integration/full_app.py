@@ -27,6 +27,8 @@ class FullApp:
     def __post_init__(self) -> None:
         config = rerank_config()
         config["generation_models"] = [{"name": LLM, "source": "demo:tiny-llama"}]
+        # The validation tests send token ids at their bounds; they must reach the model.
+        config["embedding_models"][0]["accept_token_ids"] = True
         if self.tenants is not None:
             config["auth"] = {"tenants": self.tenants}
 

@@ -62,16 +62,6 @@ async def test_dimensions_truncates_and_renormalises(client: httpx.AsyncClient) 
     assert_error(too_many, 400, "dimensions")
 
 
-async def test_token_id_inputs_reach_the_model_as_token_ids(
-    client: httpx.AsyncClient, harness: Harness
-) -> None:
-    one = await client.post("/v1/embeddings", json={"model": MODEL, "input": [1, 2, 3]})
-    many = await client.post("/v1/embeddings", json={"model": MODEL, "input": [[1, 2], [3]]})
-    assert len(one.json()["data"]) == 1 and len(many.json()["data"]) == 2
-    assert harness.embedder.calls[0][0].token_ids == [[1, 2, 3]]
-    assert harness.embedder.calls[1][0].token_ids == [[1, 2], [3]]
-
-
 async def test_truncation_is_reported_in_data_and_usage(client: httpx.AsyncClient) -> None:
     response = await client.post(
         "/v1/embeddings", json={"model": MODEL, "input": ["short", "LONG text"]}

@@ -1,7 +1,7 @@
 """Starts the real application once per session, through `python -m deployments.launch`
 (what `make serve` runs), on a config derived from serve_config.yaml with a free port, a
-second, strict copy of MiniLM (`truncate: false`), the demo LLM a second time on the static
-engine, API keys for three tenants and a small
+second, strict copy of MiniLM (`truncate: false`, `accept_token_ids: true`), the demo LLM
+a second time on the static engine, API keys for three tenants and a small
 batch-class queue (so a flood is quick to make), and a small cross-encoder reranker
 built into a temporary directory at session start. Stops it with Ctrl-C, as a user would;
 the fixture fails if any process it started outlives that."""
@@ -55,7 +55,8 @@ def serve_test_config(cross_encoder_dir: Path | None = None) -> dict:
     static["deployment"]["ray_actor_options"]["num_cpus"] = 0
     args["generation_models"].append(static)
     strict = copy.deepcopy(args["embedding_models"][0])
-    strict.update(name=STRICT_MODEL, truncate=False, torch_threads=1)
+    # Also the one model that takes token ids (as a client with MiniLM's own tokenizer sends).
+    strict.update(name=STRICT_MODEL, truncate=False, torch_threads=1, accept_token_ids=True)
     strict["deployment"]["ray_actor_options"]["num_cpus"] = 0.5
     args["embedding_models"].append(strict)
     args["auth"] = {
