@@ -21,6 +21,7 @@ from deployments.errors import (
     TributaryError,
     error_response,
 )
+from deployments.http.embed_dialects import EMBED_DIALECT_REQUESTS
 from deployments.http.embeddings import install_embedding_routes
 from deployments.http.generation import install_generation_routes
 from deployments.http.openapi import install_openapi
@@ -35,6 +36,7 @@ logger = logging.getLogger("ray.serve")
 
 REQUEST_MODELS = (
     EmbeddingRequest,
+    *EMBED_DIALECT_REQUESTS,
     RerankRequest,
     TeiRerankRequest,
     ChatCompletionRequest,
