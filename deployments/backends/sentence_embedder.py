@@ -86,9 +86,28 @@ class SentenceEmbedder:
             features["token_type_ids"] = np.zeros_like(input_ids)
         return features
 
-    def embed(self, inputs: list[list[int]]) -> np.ndarray:
-        """Unit-length float32 embeddings of model inputs (special tokens included)."""
+    @property
+    def pooling(self) -> str:
+        """The pooling module's mode ("mean", "cls", ...), as TEI's /info names it."""
+        for module in self.model:
+            mode = getattr(module, "pooling_mode", None)
+            if isinstance(mode, str):
+                return mode
+        return "unknown"
+
+    @property
+    def prompts(self) -> dict[str, str]:
+        """The model's named prompts (config_sentence_transformers.json), prepended to a text
+        as sentence-transformers' `encode(prompt_name=...)` does."""
+        prompts = self.model.prompts or {}
+        return {name: text for name, text in prompts.items() if text is not None}
+
+    def embed(self, inputs: list[list[int]], normalize: bool = True) -> np.ndarray:
+        """Float32 embeddings of model inputs (special tokens included), unit length unless
+        `normalize` is false."""
         vectors = np.asarray(self.forward(self.features(inputs)), dtype=np.float32)
+        if not normalize:
+            return vectors
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         return vectors / np.maximum(norms, 1e-12)
 

@@ -22,6 +22,15 @@ class EmbedJob:
     token_ids: list[list[int]] | None = None
     job_id: str = ""  # unique per job; how the ingress names a job it no longer wants
     request_id: str = ""  # the client's X-Request-ID, for logs and the drop ledger
+    # An input over the window: None follows the model's `truncate`; "end" or "start" cuts
+    # that end; "refuse" answers 400 (Cohere's truncate, TEI's truncate and direction).
+    truncate: Literal["end", "start", "refuse"] | None = None
+    # Names of a sentence-transformers prompt of the model, the first it has prepended to
+    # every text (TEI's prompt_name, Cohere's input_type); with `prompt_optional`, a model
+    # with none of them embeds the texts as they are, else the job gets a 400.
+    prompt_names: tuple[str, ...] = ()
+    prompt_optional: bool = False
+    normalize: bool = True  # False: the model's own output (TEI's normalize)
 
     def __post_init__(self) -> None:
         if (self.texts is None) == (self.token_ids is None):
@@ -34,7 +43,7 @@ class EmbedJob:
 
 @dataclass(frozen=True)
 class EmbedResult:
-    vectors: np.ndarray  # (inputs, dim) float32, unit length
+    vectors: np.ndarray  # (inputs, dim) float32, unit length unless the job said otherwise
     token_counts: list[int]  # tokens fed to the model per input, special tokens included
     truncated: list[int] = field(default_factory=list)  # indices of inputs that were cut
 

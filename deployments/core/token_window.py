@@ -20,9 +20,10 @@ class TokenWindow:
     def full_length(self, body: list[int]) -> int:
         return len(self.prefix) + len(body) + len(self.suffix)
 
-    def wrap(self, body: list[int]) -> tuple[list[int], bool]:
-        """The model input for `body` (ids without special tokens) and whether it was cut."""
+    def wrap(self, body: list[int], keep_end: bool = False) -> tuple[list[int], bool]:
+        """The model input for `body` (ids without special tokens) and whether it was cut;
+        `keep_end` cuts the start instead of the end."""
         cut = len(body) > self.max_body
         if cut:
-            body = body[: self.max_body]
+            body = body[len(body) - self.max_body :] if keep_end else body[: self.max_body]
         return [*self.prefix, *body, *self.suffix], cut

@@ -1,4 +1,4 @@
-"""The OpenAI embeddings route: POST /v1/embeddings."""
+"""The OpenAI embeddings route, POST /v1/embeddings, then the other dialects' routes."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from deployments.http.common import json_response, read_call
+from deployments.http.embed_dialects import install_embed_dialect_routes
 from deployments.http.openapi import error_responses, json_request_body
 from deployments.ingress.schemas import EmbeddingRequest, EmbeddingResponse
 
@@ -22,7 +23,7 @@ def install_embedding_routes(app: FastAPI, ingress: Ingress) -> None:
 
     async def embeddings(request: Request) -> Response:
         ingress, meta, tenant, body = await read_call(request)
-        answer = await ingress.embed(body, meta, tenant)
+        answer = await ingress.embed(body, meta, tenant, "openai")
         return json_response(answer.body, headers=answer.headers)
 
     app.post(
@@ -38,3 +39,4 @@ def install_embedding_routes(app: FastAPI, ingress: Ingress) -> None:
             ),
         },
     )(embeddings)
+    install_embed_dialect_routes(app, ingress)

@@ -22,6 +22,7 @@ from deployments.errors import (
     error_response,
 )
 from deployments.http.docs_pages import install_docs_pages
+from deployments.http.embed_dialects import EMBED_DIALECT_REQUESTS
 from deployments.http.embeddings import install_embedding_routes
 from deployments.http.generation import install_generation_routes
 from deployments.http.openapi import install_openapi
@@ -36,6 +37,7 @@ logger = logging.getLogger("ray.serve")
 
 REQUEST_MODELS = (
     EmbeddingRequest,
+    *EMBED_DIALECT_REQUESTS,
     RerankRequest,
     TeiRerankRequest,
     ChatCompletionRequest,

@@ -37,11 +37,8 @@ from deployments.errors import (
     Unauthorized,
     rejection_error,
 )
-from deployments.ingress.embeddings import (
-    embedding_job,
-    embedding_response,
-    embedding_token_estimate,
-)
+from deployments.ingress.embed_dialects import EmbedDialect, find_model, parse_embed_call
+from deployments.ingress.embeddings import embedding_token_estimate
 from deployments.ingress.generation import (
     GenerationCall,
     Reply,
@@ -58,7 +55,6 @@ from deployments.ingress.replica_watch import ReplicaWatch
 from deployments.ingress.request_meta import RequestMeta, choose_priority, read_meta
 from deployments.ingress.rerank import rerank_job, rerank_response, rerank_token_estimate
 from deployments.ingress.rerank_schemas import Dialect, parse_rerank_request
-from deployments.ingress.schemas import parse_embedding_request
 from deployments.ingress.stats_view import batching_classes, generation_classes
 from deployments.ingress.tenants import build_access_control
 from deployments.metrics import build_metrics
@@ -169,20 +165,23 @@ class Ingress:
         return read_meta(headers, self.config.ingress.admission.max_timeout_s)
 
     @observed
-    async def embed(self, body: bytes, meta: RequestMeta, tenant: Tenant | None) -> Answer:
-        request = parse_embedding_request(body)
-        model = self._models.get(request.model)
-        if model is None:
-            raise ModelNotFound(
-                f"The model '{request.model}' does not exist; GET /v1/models lists them.",
-                param="model",
-            )
-        priority = self._admit(model, request.priority, meta, tenant)
-        job = embedding_job(request, model, meta.request_id)
+    async def embed(
+        self, body: bytes, meta: RequestMeta, tenant: Tenant | None, dialect: EmbedDialect
+    ) -> Answer:
+        """/v1/embeddings, Cohere's /v1/embed and /v2/embed, TEI's /embed (embed_dialects)."""
+        call = parse_embed_call(body, dialect)
+        model = find_model(self._models, call.model)
+        priority = self._admit(model, call.priority, meta, tenant)
+        job = call.job(model, meta.request_id)
         outcome = await self._run(
             model.name, priority, job, embedding_token_estimate(job), meta, tenant
         )
-        return Answer(embedding_response(outcome, request), {"X-Priority": priority.label})
+        return Answer(call.respond(outcome, model.name), {"X-Priority": priority.label})
+
+    async def embedding_model_info(self) -> tuple[EmbeddingModelConfig, dict[str, Any]]:
+        """The first embedding model and what its replica says of itself (TEI's /info)."""
+        model = find_model(self._models, None)
+        return model, await self._clients[model.name].info()
 
     @observed
     async def rerank(

@@ -17,6 +17,8 @@ from deployments.ingress.schemas import ApiModel, Count, NonEmptyStr, _as_invali
 
 Dialect = Literal["v1", "v2", "tei"]
 PriorityField = Literal["realtime", "normal", "batch"] | None
+# TEI writes them capitalised; huggingface_hub sends them lower-case.
+TruncationDirection = Literal["Left", "Right", "left", "right"]
 
 # An empty document is legal: it is one candidate among others and ranks by its score
 # (search results do contain empty passages); only an empty list is refused.
@@ -76,6 +78,11 @@ class TeiRerankRequest(ApiModel):
         description="true: score only each text's first window, as TEI does; false or "
         "absent: score a long text chunk by chunk (TEI would refuse it).",
     )
+    truncation_direction: TruncationDirection = Field(
+        "Right",
+        description="Which end `truncate` cuts: Right (keep the start) only; Left with "
+        "truncate true is a 400. Without truncate no text is cut, so either is accepted.",
+    )
     model: StrictStr | None = Field(
         None, description="Extension: a rerank model name; default the first one configured."
     )
@@ -134,6 +141,13 @@ def parse_rerank_request(body: bytes, dialect: Dialect) -> RerankQuery:
         shapes = {"documents": DOCUMENTS_SHAPE, "texts": TEXTS_SHAPE}
         raise _as_invalid_request(exc, shapes) from None
     if dialect == "tei":
+        if tei.truncate and tei.truncation_direction.lower() == "left":
+            raise InvalidRequest(
+                "truncation_direction 'Left' is not supported for rerank: a truncated text "
+                "is scored on its first window. Send 'Right', or leave truncate unset to "
+                "score the whole text chunk by chunk.",
+                param="truncation_direction",
+            )
         query = RerankQuery(
             dialect=dialect,
             model=tei.model,

@@ -36,6 +36,7 @@ class Item:
 class EmbedPlan:
     items: list[Item]
     truncated: list[int] = field(default_factory=list)  # indices of inputs that were cut
+    normalize: bool = True
 
 
 class EmbedTask:
@@ -48,31 +49,59 @@ class EmbedTask:
     def plan(
         self, jobs: Sequence[EmbedJob], states: Sequence[JobState], budget: BatchBudget
     ) -> list[EmbedPlan | Rejection]:
+        prompted = [self._prompted(job) for job in jobs]
         # One tokenizer call for every text of every job: the fast tokenizer batches too.
-        texts = [text for job in jobs if job.texts is not None for text in job.texts]
-        tokenized = iter(self.backend.tokenize(texts))
+        every = [text for texts in prompted if isinstance(texts, list) for text in texts]
+        tokenized = iter(self.backend.tokenize(every))
         plans: list[EmbedPlan | Rejection] = []
-        for job, state in zip(jobs, states, strict=True):
-            if job.texts is not None:
-                bodies = [next(tokenized) for _ in job.texts]
+        for job, texts, state in zip(jobs, prompted, states, strict=True):
+            if isinstance(texts, Rejection):
+                plans.append(texts)
+                continue
+            if texts is not None:
+                bodies = [next(tokenized) for _ in texts]
             else:
                 bodies = job.token_ids or []
                 bad = self._first_bad_token_id(bodies)
                 if bad is not None:
                     plans.append(bad)
                     continue
-            plans.append(self._fit(bodies, budget, state))
+            plans.append(self._fit(job, bodies, budget, state))
         return plans
 
     def compute(self, items: list[Item]) -> list[np.ndarray]:
-        return list(self.backend.embed([item.ids for item in items]))
+        # Raw: a batch mixes jobs, and a job may want the model's own output (collect).
+        return list(self.backend.embed([item.ids for item in items], normalize=False))
 
     def collect(self, plan: EmbedPlan, results: list[np.ndarray]) -> EmbedResult:
+        vectors = np.stack(results)
+        if plan.normalize:
+            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+            vectors = vectors / np.maximum(norms, 1e-12)
         return EmbedResult(
-            vectors=np.stack(results),
+            vectors=vectors,
             token_counts=[item.tokens for item in plan.items],
             truncated=plan.truncated,
         )
+
+    def _prompted(self, job: EmbedJob) -> list[str] | Rejection | None:
+        """The job's texts with its prompt in front, as sentence-transformers' `encode`
+        prepends one; None for a job of token ids."""
+        if job.texts is None or not job.prompt_names:
+            return job.texts
+        prompts = self.backend.prompts
+        prompt = next((prompts[name] for name in job.prompt_names if name in prompts), None)
+        if prompt is None:
+            if job.prompt_optional:
+                return job.texts
+            known = ", ".join(sorted(prompts)) or "none"
+            return Rejection(
+                400,
+                f"Model '{self.config.name}' has no prompt named '{job.prompt_names[0]}'; "
+                f"its prompts: {known}.",
+                param="prompt_name",
+            )
+        return [prompt + text for text in job.texts]
 
     def _first_bad_token_id(self, bodies: list[list[int]]) -> Rejection | None:
         vocab = self.backend.vocab_size
@@ -89,14 +118,15 @@ class EmbedTask:
         return None
 
     def _fit(
-        self, bodies: list[list[int]], budget: BatchBudget, state: JobState
+        self, job: EmbedJob, bodies: list[list[int]], budget: BatchBudget, state: JobState
     ) -> EmbedPlan | Rejection:
         window = self.backend.window
+        refuse = job.truncate == "refuse" or (job.truncate is None and not self.config.truncate)
         items: list[Item] = []
         truncated: list[int] = []
         for index, body in enumerate(bodies):
-            ids, cut = window.wrap(body)
-            if cut and not self.config.truncate:
+            ids, cut = window.wrap(body, keep_end=job.truncate == "start")
+            if cut and refuse:
                 return Rejection(
                     400,
                     f"Input {index} has {window.full_length(body)} tokens; model "
@@ -107,4 +137,4 @@ class EmbedTask:
             if cut:
                 truncated.append(index)
             items.append(Item(ids, budget, state))
-        return EmbedPlan(items, truncated)
+        return EmbedPlan(items, truncated, normalize=job.normalize)

@@ -65,6 +65,7 @@ class Embedder(BatchedReplica):
             **self.batching_info(),
             "dimension": self.backend.dimension,
             "max_tokens": self.backend.window.max_tokens,
+            "pooling": self.backend.pooling,
             "runtime": self.runtime,
         }
 

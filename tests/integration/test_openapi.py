@@ -15,6 +15,10 @@ from tests.integration.full_app import RERANK, FullApp
 
 MODEL_ROUTES = [
     "/v1/embeddings",
+    "/v1/embed",
+    "/v2/embed",
+    "/embed",
+    "/",
     "/v1/rerank",
     "/v2/rerank",
     "/rerank",

@@ -12,7 +12,7 @@ from tests.integration.test_embeddings_route import assert_error
 @pytest.mark.parametrize(
     ("method", "path"),
     [
-        ("POST", "/v1/embed"),  # Cohere's SDK, before its route existed
+        ("POST", "/v3/embed"),  # a Cohere API version that does not exist
         ("GET", "/no/such/path"),
         ("POST", "/v1/embeddings/extra"),
         ("DELETE", "/nope"),

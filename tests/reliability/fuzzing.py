@@ -25,6 +25,10 @@ HEADERS = {"X-Request-Timeout": "30"}
 # Which task's models fill the `model` field of a route.
 TASK_OF_PATH = {
     "/v1/embeddings": "embedding",
+    "/v1/embed": "embedding",
+    "/v2/embed": "embedding",
+    "/embed": "embedding",
+    "/": "embedding",
     "/v1/rerank": "rerank",
     "/v2/rerank": "rerank",
     "/rerank": "rerank",

@@ -1,0 +1,108 @@
+"""The other embedding dialects: Cohere's /v1/embed and /v2/embed, text-embeddings-inference's
+/embed, its root route POST / (an embedding model's /embed) and GET /info. The dialect only
+changes parsing and the answer's shape (ingress/embed_dialects.py); the job, its admission
+and batching are those of /v1/embeddings."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+
+from deployments.http.common import ingress_of, json_response, read_call
+from deployments.http.openapi import error_responses, json_request_body
+from deployments.ingress.embed_dialects import EmbedDialect
+from deployments.ingress.embed_schemas import (
+    CohereEmbedRequest,
+    CohereEmbedResponse,
+    CohereEmbedV2Request,
+    TeiEmbedRequest,
+    TeiInfo,
+)
+from deployments.ingress.schemas import ErrorBody
+
+if TYPE_CHECKING:
+    from deployments.config import EmbeddingModelConfig
+    from deployments.ingress.ingress import Ingress
+
+EMBED_DIALECT_REQUESTS = (CohereEmbedRequest, CohereEmbedV2Request, TeiEmbedRequest)
+VERSION = "0.1.0"
+
+
+def install_embed_dialect_routes(app: FastAPI, ingress: Ingress) -> None:
+    routes: tuple[tuple[str, str, EmbedDialect, type, Any], ...] = (
+        ("/v1/embed", "embed_cohere_v1", "cohere-v1", CohereEmbedRequest, CohereEmbedResponse),
+        ("/v2/embed", "embed_cohere_v2", "cohere-v2", CohereEmbedV2Request, CohereEmbedResponse),
+        ("/embed", "embed_tei", "tei", TeiEmbedRequest, list[list[float]]),
+        ("/", "embed_tei_root", "tei", TeiEmbedRequest, list[list[float]]),
+    )
+    for path, name, dialect, schema, answer in routes:
+        _route(app, ingress, path, name, dialect, schema, answer)
+
+    async def info(request: Request) -> Response:
+        model, replica = await ingress_of(request).embedding_model_info()
+        return json_response(tei_info(model, replica))
+
+    app.get(
+        "/info",
+        responses={
+            200: {"model": TeiInfo},
+            404: {"model": ErrorBody, "description": "This server has no embedding model."},
+        },
+    )(info)
+
+
+def tei_info(model: EmbeddingModelConfig, replica: dict[str, Any]) -> dict[str, Any]:
+    """TEI's /info for the first embedding model, from its config and its replica's info()."""
+    runtime = str(replica.get("runtime", ""))
+    dtype = "float16" if "fp16" in runtime else "bfloat16" if "bf16" in runtime else "float32"
+    batching = model.batching.normal
+    return {
+        "model_id": model.name,
+        "model_sha": None,
+        "model_dtype": dtype,
+        "model_type": {"embedding": {"pooling": replica.get("pooling", "unknown")}},
+        "max_concurrent_requests": model.deployment.max_ongoing_requests,
+        "max_input_length": int(replica.get("max_tokens", 0)),
+        "max_batch_tokens": batching.max_batch_tokens,
+        "max_batch_requests": batching.max_batch_size,
+        "max_client_batch_size": model.max_inputs,
+        "auto_truncate": model.truncate,
+        "tokenization_workers": 1,
+        "version": f"tributary-{VERSION}",
+        "sha": None,
+        "docker_label": None,
+    }
+
+
+def _route(
+    app: FastAPI,
+    ingress: Ingress,
+    path: str,
+    name: str,
+    dialect: EmbedDialect,
+    schema: type,
+    answer: Any,
+) -> None:
+    async def embed(request: Request) -> Response:
+        ingress, meta, tenant, body = await read_call(request)
+        result = await ingress.embed(body, meta, tenant, dialect)
+        return json_response(result.body, headers=result.headers)
+
+    config = ingress.config
+    max_inputs = ", ".join(f"{m.name}: {m.max_inputs}" for m in config.embedding_models)
+    app.post(
+        path,
+        openapi_extra=json_request_body(schema, config.ingress.admission.max_timeout_s),
+        responses={
+            200: {"model": answer},
+            **error_responses(
+                {
+                    413: f"The body is over {ingress.max_body_bytes} bytes, or it has more "
+                    f"texts than the model's max_inputs ({max_inputs or 'no embedding model'})."
+                }
+            ),
+        },
+        name=name,
+    )(embed)
