@@ -47,6 +47,12 @@ class BatchedReplica:
     # The subclass's task plug-in: how jobs become items, a batch is computed, results
     # become outcomes.
     task: JobTask[Any, Any, Any]
+    _warm = False  # set by the subclass once a real batch has run
+
+    def check_health(self) -> None:
+        """Serve's health check: not healthy until the warm-up batch has run."""
+        if not self._warm:
+            raise RuntimeError("model not warmed up")
 
     def _init_batching(self, torch_threads: int, batching: ModelBatching) -> int:
         """Sets up the model thread, the class queues and the gate; returns the model

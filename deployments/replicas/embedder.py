@@ -56,10 +56,6 @@ class Embedder(BatchedReplica):
             threads,
         )
 
-    def check_health(self) -> None:
-        if not self._warm:
-            raise RuntimeError("model not warmed up")
-
     def info(self) -> dict[str, Any]:
         return {
             **self.batching_info(),
