@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from deployments.launch_output import announce_when_ready
+from deployments.launch_output import announce_when_ready, quiet_shutdown_noise
 
 # Always: a local Ray instance of our own (never someone else's cluster) and no usage
 # reporting (there may be no internet to report to).
@@ -197,6 +197,7 @@ def main(argv: list[str]) -> None:
     # Only a Ray we start takes a metrics port; an existing cluster has its own.
     # "serve": the namespace `serve run` itself would have joined.
     ray.init(address=address, namespace="serve", **(port if address == "local" else {}))
+    quiet_shutdown_noise()
     announce_when_ready(
         yaml.safe_load(Path(args.config).read_text()) or {},
         _apps_running,

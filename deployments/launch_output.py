@@ -84,3 +84,48 @@ def announce_when_ready(
     )
     thread.start()
     return thread
+
+
+# What the raylet says when Serve's own shutdown kills its controller while calls to it are
+# still open: at every Ctrl-C it printed "Task ServeController.graceful_shutdown failed.
+# There are infinite retries remaining, ... killed by `ray.kill`." (and the same for
+# listen_for_change). That is Serve stopping as designed, not a fault.
+SHUTDOWN_NOISE = ("Task ServeController.", "killed by `ray.kill`")
+# The wrappers installed, so that a second call wraps nothing twice.
+_QUIET_WRAPPERS: set[int] = set()
+
+
+def is_shutdown_noise(line: str) -> bool:
+    return all(part in line for part in SHUTDOWN_NOISE)
+
+
+def without_shutdown_noise(data: dict[str, Any]) -> dict[str, Any] | None:
+    """A batch of forwarded log lines without the shutdown noise; None if nothing is left."""
+    lines = [line for line in data.get("lines", []) if not is_shutdown_noise(line)]
+    if not lines:
+        return None
+    return {**data, "lines": lines}
+
+
+def quiet_shutdown_noise() -> bool:
+    """Filters the noise out of the worker and raylet lines Ray prints in this driver.
+    Both of Ray's paths to the console (forwarded worker logs, and error messages pushed
+    to the driver, where this line arrives) end in `ray._private.worker.print_worker_logs`;
+    Ray has no public switch for this, so it wraps that function. If the private hook is
+    missing (another Ray), it changes nothing and says False."""
+    try:
+        from ray._private import worker
+    except ImportError:
+        return False
+    original = getattr(worker, "print_worker_logs", None)
+    if not callable(original) or id(original) in _QUIET_WRAPPERS:
+        return callable(original)
+
+    def print_worker_logs(data: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        kept = without_shutdown_noise(data)
+        if kept is not None:
+            original(kept, *args, **kwargs)
+
+    _QUIET_WRAPPERS.add(id(print_worker_logs))
+    worker.print_worker_logs = print_worker_logs
+    return True

@@ -90,3 +90,43 @@ def test_healthz_ok_is_200_only(health_server: str) -> None:
     Health.status = 200
     assert launch_output.healthz_ok(health_server)
     assert not launch_output.healthz_ok("http://127.0.0.1:1")
+
+
+GRACEFUL = (
+    "Task ServeController.graceful_shutdown failed. There are infinite retries remaining, so "
+    "the task will be retried. Error: The actor is dead because it was killed by `ray.kill`."
+)
+LISTEN = GRACEFUL.replace("graceful_shutdown", "listen_for_change")
+
+
+def test_serves_own_shutdown_lines_are_dropped_and_every_other_line_kept() -> None:
+    data = {"pid": "raylet", "is_err": True, "lines": [GRACEFUL, "a real warning", LISTEN]}
+    assert launch_output.without_shutdown_noise(data) == {**data, "lines": ["a real warning"]}
+    assert launch_output.without_shutdown_noise({**data, "lines": [GRACEFUL, LISTEN]}) is None
+    # A controller that dies any other way is still reported.
+    crashed = "Task ServeController.listen_for_change failed. Error: the worker died unexpectedly"
+    assert launch_output.without_shutdown_noise({**data, "lines": [crashed]}) is not None
+
+
+def test_the_filter_sits_where_ray_prints_both_forwarded_logs_and_pushed_errors(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from ray._private import worker
+
+    saved = worker.print_worker_logs
+    try:
+        assert launch_output.quiet_shutdown_noise()
+        assert launch_output.quiet_shutdown_noise()  # a second call wraps nothing twice
+        # The path of an error message pushed to the driver (where the line arrives)...
+        worker.print_to_stdstream(
+            {"pid": "raylet", "is_err": False, "lines": [GRACEFUL]}, ignore_prefix=False
+        )
+        # ...and of a forwarded worker log.
+        worker.print_to_stdstream(
+            {"pid": 42, "is_err": False, "lines": ["model ready", LISTEN]}, ignore_prefix=True
+        )
+    finally:
+        worker.print_worker_logs = saved
+    printed = capsys.readouterr().out
+    assert "model ready" in printed
+    assert "ServeController" not in printed
