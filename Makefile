@@ -3,8 +3,17 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.install-stamp
-# The CPU build of torch, installed before anything can pull a CUDA build in.
+# Which torch build, installed before the project so nothing else picks one:
+#   TORCH=default  pip's own index (PyPI unless pip is configured otherwise). PyPI's Linux
+#                  x86_64 wheel is the CUDA build and pulls in its nvidia-* packages (GBs);
+#                  on macOS and Windows it is the CPU build.
+#   TORCH=cpu      the CPU build from PyTorch's index (download.pytorch.org/whl/cpu): on Linux
+#                  torch 2.13.0+cpu, no nvidia-* packages. The right one for the default app.
+#   TORCH=cu126    (any cuXYZ) the CUDA XY.Z build from download.pytorch.org/whl/cuXYZ.
+# It applies at install: on an existing .venv, `make clean` first.
+TORCH ?= default
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX = $(if $(filter default,$(TORCH)),,--index-url https://download.pytorch.org/whl/$(TORCH))
 # Ray's Prometheus endpoint for `make serve`: http://127.0.0.1:$(METRICS_PORT)/metrics
 METRICS_PORT ?= 8080
 export RAY_USAGE_STATS_ENABLED := 0
@@ -15,9 +24,11 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
+	@case "$(TORCH)" in default|cpu|cu[0-9]*) ;; \
+		*) echo "TORCH=$(TORCH): use default, cpu or cuXYZ (e.g. cu126)"; exit 1;; esac
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found; set PYTHON=..."; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet $(TORCH_INDEX) "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e ".[test,bench,openvino,onnx]"
 	touch $(STAMP)
 

@@ -27,6 +27,10 @@ import socket
 import sys
 from pathlib import Path
 
+import yaml
+
+from deployments.launch_output import announce_when_ready, quiet_shutdown_noise
+
 # Always: a local Ray instance of our own (never someone else's cluster) and no usage
 # reporting (there may be no internet to report to).
 BASE_ENVIRONMENT = {
@@ -193,7 +197,30 @@ def main(argv: list[str]) -> None:
     # Only a Ray we start takes a metrics port; an existing cluster has its own.
     # "serve": the namespace `serve run` itself would have joined.
     ray.init(address=address, namespace="serve", **(port if address == "local" else {}))
-    serve_cli.main(["run", args.config, *serve_args], prog_name="serve")
+    quiet_shutdown_noise()
+    announce_when_ready(
+        yaml.safe_load(Path(args.config).read_text()) or {},
+        _apps_running,
+        lambda line: print(line, flush=True),
+    )
+    # `serve run` compares its --address (by default RAY_ADDRESS, "local" here) with the
+    # Ray it finds initialised and, as they differ in spelling, warned that "an address was
+    # passed to `serve run`" and a different one connected; naming the Ray we started
+    # is the truth and silences that. An --address among serve_args still comes last.
+    gcs = ray.get_runtime_context().gcs_address
+    serve_cli.main(["run", "--address", gcs, args.config, *serve_args], prog_name="serve")
+
+
+def _apps_running() -> bool:
+    """Whether Serve has applications and every one is RUNNING (False while the
+    controller is not up yet or cannot be asked)."""
+    from ray import serve
+
+    try:
+        applications = serve.status().applications
+    except Exception:  # starting or stopping: just not running yet
+        return False
+    return bool(applications) and all(a.status == "RUNNING" for a in applications.values())
 
 
 def _port_is_free(port: int) -> bool:

@@ -24,6 +24,13 @@ the way, each time, so a reload with a new config keeps them:
   realtime is refused only past four times the bound. `timeout queue`
   (TRIBUTARY_FRONT_QUEUE_TIMEOUT_S, default 30) is the backstop for an ingress that takes
   nothing at all.
+- **503 not_ready while there is no route yet.** Serve starts HAProxy before the app is
+  deployed, with no app backend: every request then falls to Serve's `default_backend`,
+  a plain-text 404 "Path '/healthz' not found", for the seconds until the ingress
+  registers its route. A load balancer or `curl /healthz` loop reads that as "no such
+  service". While the config routes to no app at all, that backend answers the API's 503
+  not_ready (with Retry-After) instead; once an app route exists, Serve's 404 stands for
+  paths no app serves.
 - **No kernel splicing (`-dS`).** Serve's config turns on `option splice-request`, and
   with it HAProxy often misses a client's close while the request waits for its
   response, so the ingress never hears that the client left and the model computes an
@@ -47,6 +54,9 @@ BACKPRESSURE = ERROR_DIR / "backpressure.response"
 SECTION = re.compile(r"^[A-Za-z]")  # a section keyword starts a line; its settings are indented
 ERRORFILE = re.compile(r"^\s+errorfile\s+(\d{3})\s")
 SERVER = re.compile(r"^\s+server\s+\S+\s+\S+")
+# The backend Serve's frontend falls back to when no app route matches.
+DEFAULT_BACKEND = "default_backend"
+NOT_FOUND = re.compile(r"^\s+http-request\s+return\s+status\s+404\b")
 
 
 def error_files(directory: Path = ERROR_DIR) -> dict[str, Path]:
@@ -122,18 +132,37 @@ def _keyword(section: list[str]) -> str:
     return section[0].split()[0] if section and SECTION.match(section[0]) else ""
 
 
+def routes_to_an_app(sections: list[list[str]]) -> bool:
+    """Whether any frontend sends requests to a backend of Serve's by its rules (Serve
+    writes one `use_backend` line per app route) rather than only to its default."""
+    return any(
+        line.split()[:1] == ["use_backend"]
+        for section in sections
+        if _keyword(section) == "frontend"
+        for line in section[1:]
+    )
+
+
 def patch_config(text: str, errors: dict[str, Path], bounds: QueueBounds | None = None) -> str:
     """`text` with our errorfile lines in each `defaults` section, and any errorfile line
     there for one of the same statuses dropped (HAProxy would keep the last one); the
-    JSON back-pressure rule in each `frontend`; and in each backend with servers, the
-    bounded queue and a `maxconn` on every server."""
+    JSON back-pressure rule in each `frontend`; in each backend with servers, the
+    bounded queue and a `maxconn` on every server; and while no app has a route, our
+    503 not_ready from Serve's `default_backend` in place of its 404."""
     bounds = bounds or QueueBounds()
     ours = [f"    errorfile {status} {path}" for status, path in errors.items()]
+    sections = _sections(text)
+    starting = not routes_to_an_app(sections) and "503" in errors
     out: list[str] = []
-    for section in _sections(text):
+    for section in sections:
         keyword = _keyword(section)
         head, body = section[:1], section[1:]
-        if keyword == "defaults":
+        if starting and keyword == "backend" and section[0].split()[1:] == [DEFAULT_BACKEND]:
+            # In place of Serve's unconditional `return status 404` (HAProxy warns about a
+            # rule after an unconditional return).
+            kept = [line for line in body if not NOT_FOUND.match(line)]
+            out += [*head, f"    http-request return errorfile {errors['503']}", *kept]
+        elif keyword == "defaults":
             kept = [
                 line for line in body if not ((m := ERRORFILE.match(line)) and m.group(1) in errors)
             ]

@@ -1,0 +1,131 @@
+"""What `python -m deployments.launch` itself says: one line once the app can be used.
+
+`serve run` says "Submitted deploy config successfully." long before any replica has
+loaded its model, and nothing after; a user had to poll /healthz to know. A thread of the
+launcher does that polling and prints one line, once, when the config's applications are
+all RUNNING and /healthz answers 200.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+# Serve's own defaults when the config has no http_options (ray.serve.config.HTTPOptions).
+SERVE_DEFAULT_HOST = "127.0.0.1"
+SERVE_DEFAULT_PORT = 8000
+MODEL_LISTS = ("embedding_models", "rerank_models", "generation_models")
+POLL_S = 0.5
+
+
+def base_url(config: dict[str, Any]) -> str:
+    """Where the config serves HTTP; a wildcard address is shown as the local one, which
+    is where a user on this machine reaches it."""
+    options = config.get("http_options") or {}
+    host = options.get("host") or SERVE_DEFAULT_HOST
+    port = options.get("port") or SERVE_DEFAULT_PORT
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def model_names(config: dict[str, Any]) -> list[str]:
+    """Every model the config's applications serve, in config order."""
+    names: list[str] = []
+    for application in config.get("applications") or []:
+        arguments = application.get("args") or {}
+        for key in MODEL_LISTS:
+            names += [str(model["name"]) for model in arguments.get(key) or [] if "name" in model]
+    return names
+
+
+def ready_line(url: str, models: list[str]) -> str:
+    listed = ", ".join(models) if models else "none"
+    return f"Tributary is ready at {url} (models: {listed})"
+
+
+def healthz_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=2) as response:
+            return int(response.status) == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def wait_then_announce(
+    url: str,
+    models: list[str],
+    apps_running: Callable[[], bool],
+    say: Callable[[str], None],
+    healthy: Callable[[str], bool] = healthz_ok,
+    poll_s: float = POLL_S,
+) -> None:
+    """Blocks until the apps run and /healthz answers 200, then says the ready line."""
+    while not (healthy(url) and apps_running()):
+        time.sleep(poll_s)
+    say(ready_line(url, models))
+
+
+def announce_when_ready(
+    config: dict[str, Any], apps_running: Callable[[], bool], say: Callable[[str], None]
+) -> threading.Thread:
+    """Starts the waiting in a daemon thread: it never keeps the launcher alive."""
+    thread = threading.Thread(
+        target=wait_then_announce,
+        args=(base_url(config), model_names(config), apps_running, say),
+        name="tributary-ready-line",
+        daemon=True,
+    )
+    thread.start()
+    return thread
+
+
+# What the raylet says when Serve's own shutdown kills its controller while calls to it are
+# still open: at every Ctrl-C it printed "Task ServeController.graceful_shutdown failed.
+# There are infinite retries remaining, ... killed by `ray.kill`." (and the same for
+# listen_for_change). That is Serve stopping as designed, not a fault.
+SHUTDOWN_NOISE = ("Task ServeController.", "killed by `ray.kill`")
+# The wrappers installed, so that a second call wraps nothing twice.
+_QUIET_WRAPPERS: set[int] = set()
+
+
+def is_shutdown_noise(line: str) -> bool:
+    return all(part in line for part in SHUTDOWN_NOISE)
+
+
+def without_shutdown_noise(data: dict[str, Any]) -> dict[str, Any] | None:
+    """A batch of forwarded log lines without the shutdown noise; None if nothing is left."""
+    lines = [line for line in data.get("lines", []) if not is_shutdown_noise(line)]
+    if not lines:
+        return None
+    return {**data, "lines": lines}
+
+
+def quiet_shutdown_noise() -> bool:
+    """Filters the noise out of the worker and raylet lines Ray prints in this driver.
+    Both of Ray's paths to the console (forwarded worker logs, and error messages pushed
+    to the driver, where this line arrives) end in `ray._private.worker.print_worker_logs`;
+    Ray has no public switch for this, so it wraps that function. If the private hook is
+    missing (another Ray), it changes nothing and says False."""
+    try:
+        from ray._private import worker
+    except ImportError:
+        return False
+    original = getattr(worker, "print_worker_logs", None)
+    if not callable(original) or id(original) in _QUIET_WRAPPERS:
+        return callable(original)
+
+    def print_worker_logs(data: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        kept = without_shutdown_noise(data)
+        if kept is not None:
+            original(kept, *args, **kwargs)
+
+    _QUIET_WRAPPERS.add(id(print_worker_logs))
+    worker.print_worker_logs = print_worker_logs
+    return True
