@@ -98,6 +98,21 @@ def out_of_memory(model_dir: Path, memory_fraction: float) -> dict[str, Any]:
     }
 
 
+def runtime_choices(model_dir: Path) -> dict[str, Any]:
+    """What `runtime: auto` and `runtime: torch` (dtype auto) pick on this GPU, with the
+    reasons a replica would log and report in /v1/stats."""
+    from deployments.backends.runtime_select import RuntimeSettings, apply_runtime
+
+    chosen: dict[str, Any] = {}
+    for runtime in ("auto", "torch"):
+        embedder = SentenceEmbedder(model_dir, device="cuda")
+        settings = RuntimeSettings(runtime=runtime, batch_sizes=(1, 32, 256))
+        chosen[runtime] = apply_runtime(embedder, "cuda", settings)
+        del embedder
+        torch.cuda.empty_cache()
+    return chosen
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir", type=Path)
@@ -108,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
         "gpu": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
         "dtypes": speed_and_agreement(args.model_dir, args.rounds),
+        "runtime_choices": runtime_choices(args.model_dir),
         "out_of_memory": out_of_memory(args.model_dir, args.memory_fraction),
     }
     print(json.dumps(report, indent=2))

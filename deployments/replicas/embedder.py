@@ -35,7 +35,7 @@ class Embedder(BatchedReplica):
     def __init__(self, model: dict[str, Any]) -> None:
         config = EmbeddingModelConfig.model_validate(model)
         self.config = config
-        device = assigned_device()
+        device = self.device = assigned_device()
         threads = self._init_batching(config.torch_threads, config.batching)
         self.backend = SentenceEmbedder(resolve_model_source(config.source), device)
         # The backend (`runtime`), chosen on the model thread: `auto` measures there.
@@ -62,6 +62,7 @@ class Embedder(BatchedReplica):
             "dimension": self.backend.dimension,
             "max_tokens": self.backend.window.max_tokens,
             "pooling": self.backend.pooling,
+            "device": self.device,
             "runtime": self.runtime,
         }
 

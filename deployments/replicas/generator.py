@@ -45,7 +45,7 @@ class Generator:
     def __init__(self, model: dict[str, Any]) -> None:
         config = GenerationModelConfig.model_validate(model)
         self.config = config
-        device = assigned_device()
+        device = self.device = assigned_device()
         cache_dir = Path(config.cache_dir) if config.cache_dir else None
         path = resolve_lm_source(config.source, cache_dir)
         threads = config.torch_threads or torch.get_num_threads()
@@ -152,6 +152,8 @@ class Generator:
             "pid": os.getpid(),
             "task": "generation",
             "engine": self.config.engine,
+            "device": self.device,
+            "dtype": str(self.lm.model.dtype).removeprefix("torch."),
             "max_num_seqs": self.config.max_num_seqs,
             "context_window": self.lm.context_window,
             **self.engine.stats(),

@@ -46,7 +46,7 @@ class Reranker(BatchedReplica):
     def __init__(self, model: dict[str, Any]) -> None:
         config = RerankModelConfig.model_validate(model)
         self.config = config
-        device = assigned_device()
+        device = self.device = assigned_device()
         threads = self._init_batching(config.torch_threads, config.batching)
         self.backend, self.runtime = self._executor.submit(
             load_scorer, config, device, threads
@@ -80,6 +80,7 @@ class Reranker(BatchedReplica):
             **self.batching_info(),
             "backend": self.config.backend,
             "max_tokens": self.backend.max_tokens,
+            "device": self.device,
             "runtime": self.runtime,
         }
 

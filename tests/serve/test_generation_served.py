@@ -45,6 +45,11 @@ def test_models_lists_the_generation_model(server: Server) -> None:
     ).items()
 
 
+def test_the_replica_reports_its_device_and_precision(server: Server) -> None:
+    # No GPU claimed: `dtype: auto` is float32 on the CPU.
+    assert {"device": "cpu", "dtype": "float32"}.items() <= replica_stats(server).items()
+
+
 def test_chat_completion_with_the_openai_client(client: OpenAI) -> None:
     reply = client.chat.completions.create(
         model=MODEL,
