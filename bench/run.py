@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import os
 import platform
 import statistics
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from bench import bare_model, llm, rerank
+from bench import bare_model, bare_runtime, llm, rerank
 from bench.loadgen import LoadResult, embedding_bodies, run_closed_loop
 from bench.priority_mix import MixSettings, PriorityMix, failed_criteria
 from bench.priority_mix import render as render_priority
@@ -97,16 +98,30 @@ def replica_counters(server: Server) -> tuple[int, int]:
 
 
 class Bench:
-    def __init__(self, duration_s: float, bare_duration_s: float, rounds: int) -> None:
+    def __init__(
+        self,
+        duration_s: float,
+        bare_duration_s: float,
+        rounds: int,
+        runtime: str | None = None,
+        threads: int = 2,
+    ) -> None:
         self.duration_s = duration_s
         self.bare_duration_s = bare_duration_s
         self.rounds = rounds
         self.texts = sentences(2000)
         self.model = bare_model.load_model()
+        # With a runtime, the ceiling is the bare model on that runtime, not torch's.
+        self.on_runtime = None
+        if runtime is not None:
+            self.on_runtime, report = bare_runtime.load(runtime, threads)
+            print(f"bare model on runtime {runtime}: {report}", file=sys.stderr)
 
     def bare(self) -> float:
         # With the server idle: the machine is shared and its speed drifts over minutes,
         # so every load run is compared with a bare run taken right before it.
+        if self.on_runtime is not None:
+            return bare_runtime.texts_per_s(self.on_runtime, self.texts, 32, self.bare_duration_s)
         return bare_model.measure_bare(self.texts, 32, self.bare_duration_s, model=self.model)
 
     def run_mode(self, mode: str, config: dict) -> list[Measured]:
@@ -171,6 +186,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", type=Path, default=ROOT / "serve_config.yaml")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument(
+        "--runtime",
+        default=None,
+        help="embeddings scenario: serve the model on this runtime (docs/backends.md) and "
+        "compare with the bare model on the same one; prints only",
+    )
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     unknown = set(modes) - set(SERVE_MODES)
@@ -204,8 +225,21 @@ def _publish(args: argparse.Namespace, name: str, section: str) -> None:
 
 def run_embeddings(args: argparse.Namespace, modes: list[str], config: dict, command: str) -> bool:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    bench = Bench(args.duration, args.bare_duration, args.rounds)
+    runtime = args.runtime
+    if runtime is not None:
+        config = copy.deepcopy(config)
+        models = config["applications"][0]["args"]["embedding_models"]
+        for model in models:
+            model["runtime"] = runtime
+        bench = Bench(
+            args.duration, args.bare_duration, args.rounds, runtime, models[0]["torch_threads"]
+        )
+    else:
+        bench = Bench(args.duration, args.bare_duration, args.rounds)
     results = [m for mode in modes for m in bench.run_mode(mode, config)]
+    if runtime is not None:  # not the published torch section
+        print(render(started, command, results))
+        return True
     _publish(args, "embeddings-v0", render(started, command, results))
     return not [m for m in results if m.mode == DEFAULT_MODE and not m.passes]
 
