@@ -32,6 +32,13 @@ class BatchSettings(StrictModel):
         description="A batch of this class that has waited this long at the priority gate "
         "runs next, ahead of higher classes (bounded wait); None = strict priority.",
     )
+    target_p99_ms: float | None = Field(
+        None,
+        gt=0,
+        description="A latency target for this class at the model (queue wait + forward "
+        "passes). With `adaptive`, every class's passes are kept short enough for it; the "
+        "sizes above become ceilings (docs/operations.md, 'Latency targets').",
+    )
 
 
 class ModelBatching(StrictModel):
@@ -46,6 +53,13 @@ class ModelBatching(StrictModel):
     )
     batch: BatchSettings = BatchSettings(
         max_batch_size=64, batch_wait_timeout_s=0.05, max_batch_tokens=16384, aged_after_s=1.0
+    )
+
+    adaptive: bool = Field(
+        True,
+        description="Choose each batch's token budget and wait from the measured cost model, "
+        "the targets and the arrival rate, under the numbers above; False = the numbers as "
+        "they are, always.",
     )
 
     def of(self, priority: PriorityName) -> BatchSettings:

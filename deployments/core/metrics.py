@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
+from deployments.core.cost_model import CostFit
+
 
 class Kind(Enum):
     COUNTER = "counter"
@@ -141,6 +143,27 @@ BATCH_TOKENS = Series(
     MODEL_CLASS,
     TOKEN_BUCKETS,
 )
+BATCH_TOKEN_BUDGET = Series(
+    "tributary_batch_token_budget",
+    Kind.GAUGE,
+    "Padded tokens a class's next batch may hold: the configured max_batch_tokens, or "
+    "less where the batch policy lowered it for a latency target.",
+    MODEL_CLASS,
+)
+BATCH_WAIT = Series(
+    "tributary_batch_wait_seconds",
+    Kind.GAUGE,
+    "How long a class's next partial batch may wait for more inputs: the configured "
+    "batch_wait_timeout_s, or 0 while the class is too quiet to fill a batch.",
+    MODEL_CLASS,
+)
+COST_MODEL = Series(
+    "tributary_cost_model_seconds",
+    Kind.GAUGE,
+    "A replica's fitted forward-pass cost, seconds ~ intercept + per_row x rows + "
+    "per_token x padded tokens, by term.",
+    ("model", "term"),
+)
 QUEUE_DEPTH = Series(
     "tributary_queue_depth",
     Kind.GAUGE,
@@ -208,6 +231,9 @@ SERIES: tuple[Series, ...] = (
     BATCH_SIZE,
     BATCH_ITEMS,
     BATCH_TOKENS,
+    BATCH_TOKEN_BUDGET,
+    BATCH_WAIT,
+    COST_MODEL,
     QUEUE_DEPTH,
     REJECTIONS,
     DROPPED_ITEMS,
@@ -315,6 +341,15 @@ class TributaryMetrics:
         self._put(MODEL_BUSY, inference_s, model=model, priority=priority)
         for wait in queue_waits_s:
             self._put(QUEUE_WAIT, wait, model=model, priority=priority)
+
+    def batch_plan(self, model: str, priority: str, max_batch_tokens: int, wait_s: float) -> None:
+        self._put(BATCH_TOKEN_BUDGET, max_batch_tokens, model=model, priority=priority)
+        self._put(BATCH_WAIT, wait_s, model=model, priority=priority)
+
+    def cost_model(self, model: str, fit: CostFit) -> None:
+        self._put(COST_MODEL, fit.intercept_s, model=model, term="intercept")
+        self._put(COST_MODEL, fit.per_row_s, model=model, term="per_row")
+        self._put(COST_MODEL, fit.per_token_s, model=model, term="per_token")
 
     def items_dropped(self, model: str, priority: str, reason: str, count: int) -> None:
         self._put(DROPPED_ITEMS, count, model=model, priority=priority, reason=reason)

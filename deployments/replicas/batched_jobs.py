@@ -121,8 +121,10 @@ async def run_jobs(
     states: Sequence[JobState],
     budget: BatchBudget,
     run_item: RunItem,
+    on_planned: Callable[[int], None] | None = None,
 ) -> list[OutcomeT | Rejection]:
-    """One outcome per job, in order: the lifecycle of one call's jobs."""
+    """One outcome per job, in order: the lifecycle of one call's jobs. `on_planned` hears
+    how many items are about to be queued, before the first one is."""
     now = time.monotonic()
     # Expiry wins over the task's own refusal: the deadline is what the client will see.
     plans = [
@@ -130,6 +132,8 @@ async def run_jobs(
         for plan, state in zip(task.plan(jobs, states, budget), states, strict=True)
     ]
     todo = [item for plan in plans if not isinstance(plan, Rejection) for item in plan.items]
+    if on_planned is not None and todo:
+        on_planned(len(todo))
     results = await asyncio.gather(*(run_item(item) for item in todo), return_exceptions=True)
     outcomes: list[OutcomeT | Rejection] = []
     start = 0

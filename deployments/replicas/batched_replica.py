@@ -28,6 +28,8 @@ from ray import serve
 
 from deployments.config import ModelBatching
 from deployments.core.batch_budget import BatchBudget, budget_size
+from deployments.core.batch_policy import BatchPlan, ClassLimits
+from deployments.core.batch_tuner import BatchTuner
 from deployments.core.priority import ALL_PRIORITIES, Priority
 from deployments.core.priority_gate import PriorityGate
 from deployments.metrics import build_metrics
@@ -71,25 +73,55 @@ class BatchedReplica:
             Priority.BATCH: self._batch_batch,
         }
         self.gate = PriorityGate({})
+        self.tuner = BatchTuner([p.label for p in ALL_PRIORITIES])
+        self._plans: dict[Priority, BatchPlan] = {}
+        self.metrics = build_metrics()
         self.reconfigure(batching.model_dump())
         self._live: dict[str, JobState] = {}
         self._counts = {"batches": 0, "items": 0, "expired_items": 0, "client_gone_items": 0}
         self._class_counts = {p: {"batches": 0, "items": 0} for p in ALL_PRIORITIES}
         self._recent_drops: deque[dict[str, str]] = deque(maxlen=256)
-        self.metrics = build_metrics()
         return threads
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         batching = ModelBatching.model_validate(user_config)
         self.batching = batching
+        limits: dict[str, ClassLimits] = {}
         for priority in ALL_PRIORITIES:
             settings = batching.of(priority.label)
-            budget = self._budgets[priority]
-            budget.max_batch_size = settings.max_batch_size
-            budget.max_batch_tokens = settings.max_batch_tokens
-            self._runners[priority].set_max_batch_size(settings.max_batch_size)
-            self._runners[priority].set_batch_wait_timeout_s(settings.batch_wait_timeout_s)
+            target = settings.target_p99_ms
+            limits[priority.label] = ClassLimits(
+                max_batch_size=settings.max_batch_size,
+                max_batch_tokens=settings.max_batch_tokens,
+                wait_s=settings.batch_wait_timeout_s,
+                target_s=None if target is None else target / 1e3,
+            )
+        self.tuner.configure(limits, batching.adaptive)
+        self._plans.clear()  # every class gets its new plan, changed or not
+        self._apply_plans()
         self.gate.set_aged_after_s({p: batching.of(p.label).aged_after_s for p in ALL_PRIORITIES})
+
+    def _apply_plans(self) -> None:
+        """Hands each class the batch size, token budget and wait the tuner now chooses;
+        Serve's queue reads them when its next batch starts forming."""
+        plans = self.tuner.plans()
+        for priority in ALL_PRIORITIES:
+            plan = plans[priority.label]
+            if self._plans.get(priority) == plan:
+                continue
+            self._plans[priority] = plan
+            budget = self._budgets[priority]
+            budget.max_batch_size = plan.max_batch_size
+            budget.max_batch_tokens = plan.max_batch_tokens
+            self._runners[priority].set_max_batch_size(plan.max_batch_size)
+            self._runners[priority].set_batch_wait_timeout_s(plan.wait_s)
+            self.metrics.batch_plan(
+                self.config.name, priority.label, plan.max_batch_tokens, plan.wait_s
+            )
+
+    def _arrived(self, priority: Priority, items: int) -> None:
+        self.tuner.arrived(priority.label, items)
+        self._apply_plans()
 
     def batching_info(self) -> dict[str, Any]:
         batches, items = self._counts["batches"], self._counts["items"]
@@ -108,6 +140,8 @@ class BatchedReplica:
                 for p, counts in self._class_counts.items()
             },
             "gate": vars(self.gate.stats),
+            **self.tuner.report(),
+            "plans": {p.label: plan.report() for p, plan in self._plans.items()},
             "jobs_in_progress": len(self._live),
             "recent_drops": list(self._recent_drops),
         }
@@ -127,7 +161,12 @@ class BatchedReplica:
             self._live[job.job_id] = state
         try:
             return await run_jobs(
-                self.task, jobs, states, self._budgets[klass], self._runners[klass]
+                self.task,
+                jobs,
+                states,
+                self._budgets[klass],
+                self._runners[klass],
+                on_planned=lambda items: self._arrived(klass, items),
             )
         except asyncio.CancelledError:
             # Serve cancels the call when every client of it went away.
@@ -174,14 +213,21 @@ class BatchedReplica:
     def _measure(self, priority: Priority, live: list[Any], started: float) -> None:
         # Queue wait once per job in the batch: its items arrived together.
         arrivals = {id(item.state): item.state.arrived for item in live}
+        padded_tokens = len(live) * max(item.tokens for item in live)
+        inference_s = time.monotonic() - started
         self.metrics.batch_ran(
             self.config.name,
             priority.label,
             size=len(live),
-            padded_tokens=len(live) * max(item.tokens for item in live),
-            inference_s=time.monotonic() - started,
+            padded_tokens=padded_tokens,
+            inference_s=inference_s,
             queue_waits_s=[started - arrived for arrived in arrivals.values()],
         )
+        self.tuner.ran(len(live), padded_tokens, inference_s)
+        self._apply_plans()
+        fit = self.tuner.cost.current
+        if fit is not None:
+            self.metrics.cost_model(self.config.name, fit)
 
     def _note_drops(
         self, priority: Priority, marks: list[Dropped | None], items: list[Any]

@@ -187,6 +187,10 @@ def test_64_concurrent_requests_all_succeed_with_their_own_vectors(
     assert float((got * expected).sum(axis=1).min()) >= 0.9999
     stats = httpx.get(f"{server.url}/v1/stats").json()["models"][MODEL]
     assert stats["replica"]["mean_batch_size"] > 1  # requests really shared batches
+    # The replica fitted what its passes cost and shows each class's live plan.
+    assert stats["replica"]["cost_model"]["samples"] >= 8
+    assert stats["replica"]["cost_model"]["per_1k_tokens_ms"] > 0
+    assert set(stats["replica"]["plans"]) == {"realtime", "normal", "batch"}
     # No GPU was claimed, so the replica says it runs on the CPU, in what runtime and why.
     assert stats["replica"]["device"] == "cpu"
     assert stats["replica"]["runtime"]["runtime"] == "torch-fp32"

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from deployments.core.cost_model import CostFit
 from deployments.core.metrics import (
     BATCH_ITEMS,
     BATCH_SIZE,
@@ -44,6 +45,8 @@ def test_every_record_carries_exactly_its_series_labels(
     metrics.queue_depth("m", "batch", 7)
     metrics.batch_ran("m", "normal", 4, 64, 0.02, [0.01, 0.03])
     metrics.items_dropped("m", "batch", "deadline", 3)
+    metrics.batch_plan("m", "batch", 4096, 0.0)
+    metrics.cost_model("m", CostFit(0.004, 0.0001, 0.00001, 32))
     metrics.cache_lookup("m", hit=True)
     metrics.first_token("llm", "realtime", 0.2)
     metrics.inter_token("llm", 0.02)

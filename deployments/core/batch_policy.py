@@ -1,0 +1,104 @@
+"""Each class's batch size, token budget and wait, chosen from the cost model, the classes'
+latency targets and how busy each class is. The configured numbers are ceilings.
+
+Three rules:
+
+- **No wait for a batch that will not fill.** A class that receives less than one item per
+  batch window gains nothing by waiting, so its items go at once. This is what a lone client
+  pays for otherwise: the whole window, every request.
+- **A class with a latency target bounds its own batches.** Its p99 is roughly its wait plus
+  the pass it may find running at the gate plus its own pass. A share (`TARGET_SHARE`) of the
+  target, less the wait, is split evenly between those two passes: the *slot*. The class's
+  token budget is what the cost model says fits in the slot.
+- **Every class respects the tightest slot.** The model runs one pass at a time and a pass
+  is not interrupted, so a realtime item may have to wait for a batch-class pass that was
+  already running. The batch class therefore keeps its passes within the realtime slot too:
+  smaller batches, more of them, and the gate puts realtime between them.
+
+Until the cost model has a fit (the first few passes after start), the ceilings hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from deployments.core.cost_model import CostFit
+
+# The part of a target that the wait and the two passes may use; the rest is left for what
+# the model does not see (the hops before the replica, queueing behind other batches of the
+# class, a noisy machine).
+TARGET_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class ClassLimits:
+    """One class's configured ceilings and target."""
+
+    max_batch_size: int
+    max_batch_tokens: int
+    wait_s: float
+    target_s: float | None
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    max_batch_size: int
+    max_batch_tokens: int
+    wait_s: float
+    why: str  # one short phrase for /v1/stats
+
+    def report(self) -> dict[str, float | int | str]:
+        return {
+            "max_batch_size": self.max_batch_size,
+            "max_batch_tokens": self.max_batch_tokens,
+            "wait_ms": round(self.wait_s * 1e3, 3),
+            "why": self.why,
+        }
+
+
+def slot_s(limits: ClassLimits) -> float | None:
+    """The longest one pass may run for this class to meet its target; None without one."""
+    if limits.target_s is None:
+        return None
+    return max(limits.target_s * TARGET_SHARE - limits.wait_s, 0.0) / 2
+
+
+def plan_classes(
+    limits: dict[str, ClassLimits],
+    arrivals_per_s: dict[str, float],
+    fit: CostFit | None,
+    tokens_per_row: float,
+) -> dict[str, BatchPlan]:
+    """One plan per class, from the same snapshot of the replica."""
+    slots = [s for s in (slot_s(one) for one in limits.values()) if s is not None]
+    tightest = min(slots) if slots else None
+    return {
+        name: _plan_one(one, arrivals_per_s.get(name, 0.0), fit, tokens_per_row, tightest)
+        for name, one in limits.items()
+    }
+
+
+def _plan_one(
+    limits: ClassLimits,
+    arrivals_per_s: float,
+    fit: CostFit | None,
+    tokens_per_row: float,
+    tightest_slot_s: float | None,
+) -> BatchPlan:
+    idle = arrivals_per_s * limits.wait_s < 1.0
+    wait = 0.0 if idle else limits.wait_s
+    reasons = ["idle: no wait"] if idle and limits.wait_s > 0 else []
+    tokens = limits.max_batch_tokens
+    if fit is not None and tightest_slot_s is not None:
+        fits = fit.tokens_within(tightest_slot_s, tokens_per_row)
+        # At least one row of the usual length, so the class always moves.
+        bounded = max(fits, int(tokens_per_row), 1)
+        if bounded < tokens:
+            tokens = bounded
+            reasons.append(f"{tightest_slot_s * 1e3:.0f} ms slot")
+    return BatchPlan(
+        max_batch_size=limits.max_batch_size,
+        max_batch_tokens=tokens,
+        wait_s=wait,
+        why=", ".join(reasons) or "ceilings",
+    )

@@ -1,0 +1,64 @@
+"""A replica's live batching state: what its passes cost, how fast each class's items
+arrive, and the plans `batch_policy` derives from them.
+
+The replica tells the tuner about every arrival and every pass; after each it asks for the
+plans and applies those that changed (Serve's batch queues take a new size and wait at any
+time, the class's `BatchBudget` a new token budget).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from deployments.core.arrival_rate import ArrivalRate
+from deployments.core.batch_policy import BatchPlan, ClassLimits, plan_classes
+from deployments.core.cost_model import CostModel
+
+
+class BatchTuner:
+    def __init__(
+        self,
+        classes: list[str],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cost = CostModel()
+        self._arrivals = {name: ArrivalRate(clock=clock) for name in classes}
+        self._tokens_per_row = 0.0  # a running mean of the padded row length
+        self._limits: dict[str, ClassLimits] = {}
+        self.adaptive = True
+
+    def configure(self, limits: dict[str, ClassLimits], adaptive: bool) -> None:
+        self._limits = dict(limits)
+        self.adaptive = adaptive
+
+    def arrived(self, name: str, items: int) -> None:
+        self._arrivals[name].add(items)
+
+    def ran(self, rows: int, padded_tokens: int, seconds: float) -> None:
+        self.cost.observe(rows, padded_tokens, seconds)
+        row = padded_tokens / rows if rows else 0.0
+        previous = self._tokens_per_row
+        self._tokens_per_row = row if not previous else 0.9 * previous + 0.1 * row
+
+    def plans(self) -> dict[str, BatchPlan]:
+        if not self.adaptive:
+            return {
+                name: BatchPlan(one.max_batch_size, one.max_batch_tokens, one.wait_s, "fixed")
+                for name, one in self._limits.items()
+            }
+        return plan_classes(
+            self._limits,
+            {name: rate.per_s() for name, rate in self._arrivals.items()},
+            self.cost.current,
+            self._tokens_per_row or 1.0,
+        )
+
+    def report(self) -> dict[str, object]:
+        fit = self.cost.current
+        return {
+            "adaptive": self.adaptive,
+            "cost_model": fit.report() if fit else None,
+            "tokens_per_row": round(self._tokens_per_row, 1),
+            "arrivals_per_s": {n: round(r.per_s(), 2) for n, r in self._arrivals.items()},
+        }

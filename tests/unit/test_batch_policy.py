@@ -1,0 +1,89 @@
+"""The batch policy: no wait for a batch that will not fill, targets bound every class's
+passes, ceilings hold until there is a fit; and the tuner applies it."""
+
+from __future__ import annotations
+
+from deployments.core.batch_policy import ClassLimits, plan_classes, slot_s
+from deployments.core.batch_tuner import BatchTuner
+from deployments.core.cost_model import CostFit
+from tests.fakes import Clock
+
+# 5 ms per call plus 0.1 ms per padded token: 64 rows of 16 tokens take ~107 ms.
+COST = CostFit(intercept_s=0.005, per_row_s=0.0, per_token_s=0.0001, samples=64)
+
+LIMITS = {
+    "realtime": ClassLimits(8, 1024, 0.002, target_s=0.06),
+    "normal": ClassLimits(32, 8192, 0.01, target_s=None),
+    "batch": ClassLimits(64, 16384, 0.05, target_s=None),
+}
+BUSY = {"realtime": 1000.0, "normal": 500.0, "batch": 2000.0}
+
+
+def test_without_a_fit_the_ceilings_hold() -> None:
+    plans = plan_classes(LIMITS, BUSY, fit=None, tokens_per_row=16)
+    assert [p.max_batch_tokens for p in plans.values()] == [1024, 8192, 16384]
+    assert [p.wait_s for p in plans.values()] == [0.002, 0.01, 0.05]
+
+
+def test_a_quiet_class_does_not_wait_for_company() -> None:
+    # One request every 50 ms: a 10 ms window expects 0.2 more, so it waits for none.
+    plans = plan_classes(LIMITS, {"normal": 20.0}, fit=None, tokens_per_row=16)
+    assert plans["normal"].wait_s == 0.0
+    assert "idle" in plans["normal"].why
+    assert plans["batch"].wait_s == 0.0  # no arrivals at all
+
+
+def test_a_busy_class_keeps_its_window() -> None:
+    plans = plan_classes(LIMITS, {"normal": 500.0}, fit=None, tokens_per_row=16)
+    assert plans["normal"].wait_s == 0.01
+
+
+def test_the_tightest_target_bounds_every_class_pass() -> None:
+    plans = plan_classes(LIMITS, BUSY, fit=COST, tokens_per_row=16)
+    slot = slot_s(LIMITS["realtime"])
+    assert slot is not None and abs(slot - (0.06 * 0.8 - 0.002) / 2) < 1e-12
+    for name, plan in plans.items():
+        assert COST.predict_s(plan.max_batch_tokens // 16, plan.max_batch_tokens) <= slot + 1e-9
+        assert plan.max_batch_tokens <= LIMITS[name].max_batch_tokens
+        assert plan.max_batch_size == LIMITS[name].max_batch_size  # a ceiling, kept
+    assert plans["batch"].max_batch_tokens == 180  # (23 ms - 5 ms) / 0.1 ms
+
+
+def test_no_target_no_bound() -> None:
+    untargeted = {**LIMITS, "realtime": ClassLimits(8, 1024, 0.002, target_s=None)}
+    plans = plan_classes(untargeted, BUSY, fit=COST, tokens_per_row=16)
+    assert [p.max_batch_tokens for p in plans.values()] == [1024, 8192, 16384]
+
+
+def test_a_target_tighter_than_one_call_still_lets_one_row_through() -> None:
+    tight = {**LIMITS, "realtime": ClassLimits(8, 1024, 0.002, target_s=0.005)}
+    plans = plan_classes(tight, BUSY, fit=COST, tokens_per_row=16)
+    assert all(p.max_batch_tokens == 16 for p in plans.values())
+
+
+def test_the_tuner_learns_the_cost_then_bounds_the_batch_class() -> None:
+    clock = Clock()
+    tuner = BatchTuner(list(LIMITS), clock=clock)
+    tuner.configure(LIMITS, adaptive=True)
+    assert tuner.plans()["batch"].max_batch_tokens == 16384  # nothing measured yet
+    for rows in range(1, 33):
+        tuner.ran(rows, rows * 16, COST.predict_s(rows, rows * 16))
+    for _ in range(50):
+        clock.now += 0.001
+        tuner.arrived("batch", 2)
+    plans = tuner.plans()
+    assert plans["batch"].max_batch_tokens == 180
+    assert plans["batch"].wait_s == 0.05
+    report = tuner.report()
+    assert report["cost_model"] is not None
+    assert report["tokens_per_row"] == 16.0
+
+
+def test_a_tuner_that_is_not_adaptive_returns_the_numbers_as_configured() -> None:
+    tuner = BatchTuner(list(LIMITS))
+    tuner.configure(LIMITS, adaptive=False)
+    for rows in range(1, 33):
+        tuner.ran(rows, rows * 16, COST.predict_s(rows, rows * 16))
+    plans = tuner.plans()
+    assert [p.max_batch_tokens for p in plans.values()] == [1024, 8192, 16384]
+    assert [p.wait_s for p in plans.values()] == [0.002, 0.01, 0.05]
