@@ -10,6 +10,12 @@ Three rules:
   the pass it may find running at the gate plus its own pass. A share (`TARGET_SHARE`) of the
   target, less the wait, is split evenly between those two passes: the *slot*. The class's
   token budget is what the cost model says fits in the slot.
+- **The slot follows what the class measures.** The split above is only where the slot
+  starts. Each targeted class keeps the time its recent items spent at the replica (arrival
+  to the end of their pass); when the worst of them passes `TARGET_SHARE` of the target the
+  slot shrinks by a quarter, when it stays under half the target it grows by a tenth, up to
+  the share itself. So a model that is slower than its fit under load (the CPU shared with
+  the ingress, say) gets shorter passes, and a comfortable target lets batches grow.
 - **Every class respects the tightest slot.** The model runs one pass at a time and a pass
   is not interrupted, so a realtime item may have to wait for a batch-class pass that was
   already running. The batch class therefore keeps its passes within the realtime slot too:
@@ -56,6 +62,40 @@ class BatchPlan:
         }
 
 
+class SlotControl:
+    """One targeted class's slot, moved by the latencies its items saw at the replica."""
+
+    WINDOW = 64
+    EVERY = 16
+
+    def __init__(self, limits: ClassLimits) -> None:
+        assert limits.target_s is not None
+        self.target_s = limits.target_s
+        self.ceiling_s = max(limits.target_s * TARGET_SHARE - limits.wait_s, 0.0)
+        self.slot_s = self.ceiling_s / 2
+        self._recent: list[float] = []
+        self._new = 0
+
+    def observe(self, latency_s: float) -> None:
+        self._recent.append(latency_s)
+        del self._recent[: -self.WINDOW]
+        self._new += 1
+        if self._new < self.EVERY:
+            return
+        self._new = 0
+        worst = max(self._recent)
+        if worst > self.target_s * TARGET_SHARE:
+            self.slot_s *= 0.75
+        elif worst < self.target_s * 0.5:
+            self.slot_s = min(self.slot_s * 1.1, self.ceiling_s)
+
+    def report(self) -> dict[str, float]:
+        return {
+            "slot_ms": round(self.slot_s * 1e3, 2),
+            "recent_worst_ms": round(max(self._recent, default=0.0) * 1e3, 2),
+        }
+
+
 def slot_s(limits: ClassLimits) -> float | None:
     """The longest one pass may run for this class to meet its target; None without one."""
     if limits.target_s is None:
@@ -68,9 +108,16 @@ def plan_classes(
     arrivals_per_s: dict[str, float],
     fit: CostFit | None,
     tokens_per_row: float,
+    slots_s: dict[str, float] | None = None,
 ) -> dict[str, BatchPlan]:
-    """One plan per class, from the same snapshot of the replica."""
-    slots = [s for s in (slot_s(one) for one in limits.values()) if s is not None]
+    """One plan per class, from the same snapshot of the replica. `slots_s` are the
+    targeted classes' live slots; a targeted class missing there starts from `slot_s`."""
+    live = slots_s or {}
+    slots = [
+        live.get(name, s)
+        for name, s in ((name, slot_s(one)) for name, one in limits.items())
+        if s is not None
+    ]
     tightest = min(slots) if slots else None
     return {
         name: _plan_one(one, arrivals_per_s.get(name, 0.0), fit, tokens_per_row, tightest)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from deployments.core.arrival_rate import ArrivalRate
-from deployments.core.batch_policy import BatchPlan, ClassLimits, plan_classes
+from deployments.core.batch_policy import BatchPlan, ClassLimits, SlotControl, plan_classes
 from deployments.core.cost_model import CostModel
 
 
@@ -26,11 +26,22 @@ class BatchTuner:
         self._arrivals = {name: ArrivalRate(clock=clock) for name in classes}
         self._tokens_per_row = 0.0  # a running mean of the padded row length
         self._limits: dict[str, ClassLimits] = {}
+        self._slots: dict[str, SlotControl] = {}
         self.adaptive = True
 
     def configure(self, limits: dict[str, ClassLimits], adaptive: bool) -> None:
         self._limits = dict(limits)
         self.adaptive = adaptive
+        self._slots = {
+            name: SlotControl(one) for name, one in limits.items() if one.target_s is not None
+        }
+
+    def waited(self, name: str, latencies_s: list[float]) -> None:
+        """How long a pass's jobs of class `name` spent at the replica, arrival to end."""
+        control = self._slots.get(name)
+        if control is not None:
+            for latency in latencies_s:
+                control.observe(latency)
 
     def arrived(self, name: str, items: int) -> None:
         self._arrivals[name].add(items)
@@ -52,6 +63,7 @@ class BatchTuner:
             {name: rate.per_s() for name, rate in self._arrivals.items()},
             self.cost.current,
             self._tokens_per_row or 1.0,
+            {name: control.slot_s for name, control in self._slots.items()},
         )
 
     def report(self) -> dict[str, object]:
@@ -61,4 +73,5 @@ class BatchTuner:
             "cost_model": fit.report() if fit else None,
             "tokens_per_row": round(self._tokens_per_row, 1),
             "arrivals_per_s": {n: round(r.per_s(), 2) for n, r in self._arrivals.items()},
+            "targets": {name: control.report() for name, control in self._slots.items()},
         }

@@ -224,6 +224,8 @@ class BatchedReplica:
             queue_waits_s=[started - arrived for arrived in arrivals.values()],
         )
         self.tuner.ran(len(live), padded_tokens, inference_s)
+        ended = time.monotonic()
+        self.tuner.waited(priority.label, [ended - arrived for arrived in arrivals.values()])
         self._apply_plans()
         fit = self.tuner.cost.current
         if fit is not None:

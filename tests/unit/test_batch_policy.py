@@ -3,7 +3,7 @@ passes, ceilings hold until there is a fit; and the tuner applies it."""
 
 from __future__ import annotations
 
-from deployments.core.batch_policy import ClassLimits, plan_classes, slot_s
+from deployments.core.batch_policy import ClassLimits, SlotControl, plan_classes, slot_s
 from deployments.core.batch_tuner import BatchTuner
 from deployments.core.cost_model import CostFit
 from tests.fakes import Clock
@@ -87,3 +87,29 @@ def test_a_tuner_that_is_not_adaptive_returns_the_numbers_as_configured() -> Non
     plans = tuner.plans()
     assert [p.max_batch_tokens for p in plans.values()] == [1024, 8192, 16384]
     assert [p.wait_s for p in plans.values()] == [0.002, 0.01, 0.05]
+
+
+def test_the_slot_shrinks_when_the_class_runs_late_and_grows_back_when_comfortable() -> None:
+    control = SlotControl(LIMITS["realtime"])  # target 60 ms, wait 2 ms
+    start = control.slot_s
+    assert abs(start - (0.06 * 0.8 - 0.002) / 2) < 1e-12
+    for _ in range(SlotControl.EVERY):
+        control.observe(0.055)  # past 80 % of the target
+    assert abs(control.slot_s - start * 0.75) < 1e-12
+    for _ in range(SlotControl.WINDOW * 20):
+        control.observe(0.01)  # well under half the target
+    assert control.slot_s == control.ceiling_s  # grown back, capped at the share
+
+
+def test_the_tuner_uses_the_live_slot() -> None:
+    tuner = BatchTuner(list(LIMITS))
+    tuner.configure(LIMITS, adaptive=True)
+    for rows in range(1, 33):
+        tuner.ran(rows, rows * 16, COST.predict_s(rows, rows * 16))
+    for _ in range(4):
+        tuner.arrived("batch", 200)
+    before = tuner.plans()["batch"].max_batch_tokens
+    tuner.waited("realtime", [0.059] * SlotControl.EVERY)
+    after = tuner.plans()["batch"].max_batch_tokens
+    assert after < before
+    assert tuner.report()["targets"]["realtime"]["recent_worst_ms"] == 59.0
