@@ -1,7 +1,7 @@
 """What the serving path adds for one client alone: served latency of one text at a time
 against the bare model's batch-1 time on the same runtime, in paired rounds.
 
-    python -m bench.single_client [--runtime torch] [--rounds 3] [--duration 10]
+    python -m bench.single_client [--runtime torch] [--rounds 3] [--duration 10] [--fixed]
 
 Each round times the bare model (tokenising included, as a replica does) on single texts
 with the server idle, then sends single-text requests from one connection for `--duration`
@@ -48,11 +48,18 @@ def main(argv: list[str] | None = None) -> None:
         "--priority", default=None, help="X-Priority of the requests (default: the server's)"
     )
     parser.add_argument("--config", type=Path, default=ROOT / "serve_config.yaml")
+    parser.add_argument(
+        "--fixed",
+        action="store_true",
+        help="adaptive: false, the batch numbers as configured (a lone request waits out "
+        "its class's batch window)",
+    )
     args = parser.parse_args(argv)
     config = copy.deepcopy(load_config(args.config))
     models = config["applications"][0]["args"]["embedding_models"]
     for model in models:
         model["runtime"] = args.runtime
+        model.setdefault("batching", {})["adaptive"] = not args.fixed
     embedder, report = bare_runtime.load(args.runtime, int(models[0]["torch_threads"]))
     print(f"bare model: {report}", file=sys.stderr)
     texts = sentences(400)
@@ -77,7 +84,9 @@ def main(argv: list[str] | None = None) -> None:
             served = statistics.median(load.latencies_s) * 1000
             rows.append((bare, served, served - bare, load.failures))
             print(f"round {index + 1}: bare {bare:.2f} ms, served {served:.2f} ms", file=sys.stderr)
-    flags = f" --priority {args.priority}" if args.priority else ""
+    flags = (f" --priority {args.priority}" if args.priority else "") + (
+        " --fixed" if args.fixed else ""
+    )
     print(f"# python -m bench.single_client --runtime {args.runtime} --rounds {args.rounds}{flags}")
     print("| round | bare batch-1 p50 ms | served p50 ms, 1 client | added ms | failed |")
     print("|---|---|---|---|---|")

@@ -149,6 +149,7 @@ def run(target_ms: float, step_s: float, rounds: int) -> list[dict[str, Any]]:
                         model=model,
                         mean_batch={k: mean_batch(before, after, k) for k in ("realtime", "batch")},
                         plans=after.get("plans"),
+                        targets=after.get("targets"),
                         cost_model=after.get("cost_model"),
                     )
                     rows.append(got)

@@ -12,10 +12,11 @@ Three rules:
   token budget is what the cost model says fits in the slot.
 - **The slot follows what the class measures.** The split above is only where the slot
   starts. Each targeted class keeps the time its recent items spent at the replica (arrival
-  to the end of their pass); when the worst of them passes `TARGET_SHARE` of the target the
-  slot shrinks by a quarter, when it stays under half the target it grows by a tenth, up to
-  the share itself. So a model that is slower than its fit under load (the CPU shared with
-  the ingress, say) gets shorter passes, and a comfortable target lets batches grow.
+  to the end of their pass); when their 95th percentile passes `TARGET_SHARE` of the target
+  the slot shrinks by a fifth, while it stays under `GROW_BELOW` of the target it grows by a
+  tenth, up to the share itself. So a model that is slower than its fit under load (the
+  CPU shared with the ingress, say) gets shorter passes, and a comfortable target lets
+  batches grow.
 - **Every class respects the tightest slot.** The model runs one pass at a time and a pass
   is not interrupted, so a realtime item may have to wait for a batch-class pass that was
   already running. The batch class therefore keeps its passes within the realtime slot too:
@@ -34,6 +35,8 @@ from deployments.core.cost_model import CostFit
 # the model does not see (the hops before the replica, queueing behind other batches of the
 # class, a noisy machine).
 TARGET_SHARE = 0.8
+# A slot grows while its class's recent p95 stays under this share of the target.
+GROW_BELOW = 0.6
 
 
 @dataclass(frozen=True)
@@ -83,16 +86,21 @@ class SlotControl:
         if self._new < self.EVERY:
             return
         self._new = 0
-        worst = max(self._recent)
-        if worst > self.target_s * TARGET_SHARE:
-            self.slot_s *= 0.75
-        elif worst < self.target_s * 0.5:
+        if self._high() > self.target_s * TARGET_SHARE:
+            self.slot_s *= 0.8
+        elif self._high() < self.target_s * GROW_BELOW:
             self.slot_s = min(self.slot_s * 1.1, self.ceiling_s)
+
+    def _high(self) -> float:
+        """The window's 95th percentile: a p99 of 64 items is their one worst, and one
+        stall of a shared machine should not halve the batches."""
+        ordered = sorted(self._recent)
+        return ordered[max(0, round(0.95 * len(ordered)) - 1)] if ordered else 0.0
 
     def report(self) -> dict[str, float]:
         return {
             "slot_ms": round(self.slot_s * 1e3, 2),
-            "recent_worst_ms": round(max(self._recent, default=0.0) * 1e3, 2),
+            "recent_p95_ms": round(self._high() * 1e3, 2),
         }
 
 

@@ -95,7 +95,7 @@ def test_the_slot_shrinks_when_the_class_runs_late_and_grows_back_when_comfortab
     assert abs(start - (0.06 * 0.8 - 0.002) / 2) < 1e-12
     for _ in range(SlotControl.EVERY):
         control.observe(0.055)  # past 80 % of the target
-    assert abs(control.slot_s - start * 0.75) < 1e-12
+    assert abs(control.slot_s - start * 0.8) < 1e-12
     for _ in range(SlotControl.WINDOW * 20):
         control.observe(0.01)  # well under half the target
     assert control.slot_s == control.ceiling_s  # grown back, capped at the share
@@ -112,4 +112,4 @@ def test_the_tuner_uses_the_live_slot() -> None:
     tuner.waited("realtime", [0.059] * SlotControl.EVERY)
     after = tuner.plans()["batch"].max_batch_tokens
     assert after < before
-    assert tuner.report()["targets"]["realtime"]["recent_worst_ms"] == 59.0
+    assert tuner.report()["targets"]["realtime"]["recent_p95_ms"] == 59.0
