@@ -232,12 +232,30 @@ class GenerationModelConfig(ModelDeploymentConfig):
         "join and leave at every step); static: @serve.batch over batched `generate` "
         "(kept for comparison).",
     )
-    max_num_seqs: int = Field(32, ge=1, description="Sequences in flight per replica.")
-    kv_cache_tokens: int = Field(
+    max_num_seqs: int | None = Field(
+        32,
+        ge=1,
+        description="Sequences in flight per replica; null = kv_cache_tokens divided by "
+        "twice default_max_tokens (a prompt about as long as its answer).",
+    )
+    kv_cache_tokens: int | None = Field(
         16384,
         ge=64,
         description="KV cache size in tokens; also the budget of prompt + max_tokens "
-        "summed over the sequences in flight.",
+        "summed over the sequences in flight. null = derived at start from memory: "
+        "kv_cache_memory_fraction of the GPU's free memory, or kv_cache_memory_mib on a CPU.",
+    )
+    kv_cache_memory_fraction: float = Field(
+        0.5,
+        gt=0,
+        le=0.95,
+        description="On a GPU with kv_cache_tokens null: the share of the device's free "
+        "memory, measured after the model loaded, that the KV cache may take.",
+    )
+    kv_cache_memory_mib: int = Field(
+        512,
+        ge=1,
+        description="On a CPU with kv_cache_tokens null: the KV cache's memory budget.",
     )
     max_batch_tokens: int = Field(
         256, ge=16, description="Tokens (prefill + decode) in one continuous-batching step."

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorLis
 from deployments.backends.demo_llm import DEMO_PREFIX, demo_model_dir
 from deployments.backends.sampling import RowSampler, SamplingParams, sample_rows
 from deployments.backends.sources import resolve_model_source
+from deployments.core.kv_budget import KvShape
 
 # For a tokenizer without a chat template (a base model): one line per message, then the
 # assistant's turn. Documented in docs/api.md.
@@ -56,6 +57,18 @@ class CausalLM:
         )
         pad = self.tokenizer.pad_token_id
         self.pad_id: int = pad if pad is not None else min(self.eos_ids, default=0)
+
+    def kv_shape(self) -> KvShape:
+        """What one token costs in the KV cache: a key and a value per layer and KV head."""
+        config = self.model.config.get_text_config()
+        heads = int(config.num_attention_heads)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        return KvShape(
+            layers=int(config.num_hidden_layers),
+            kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+            head_dim=int(head_dim),
+            dtype_bytes=self.model.dtype.itemsize,
+        )
 
     @property
     def has_chat_template(self) -> bool:

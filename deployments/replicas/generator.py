@@ -28,6 +28,7 @@ from deployments.backends.causal_lm import CausalLM, resolve_lm_source
 from deployments.backends.continuous import ContinuousEngine, ContinuousSettings, first_output
 from deployments.backends.sampling import SamplingParams
 from deployments.config import GenerationModelConfig, GenerationQueue
+from deployments.core.kv_budget import KvBudget, derive
 from deployments.core.priority import ALL_PRIORITIES, Priority
 from deployments.core.protocol import GenerationJob
 from deployments.core.sequence_slots import SequenceSlots, SlotLimits
@@ -41,6 +42,29 @@ logger = logging.getLogger("ray.serve")
 WARMUP_PROMPT = "tributary warms up the generation path"
 
 
+def kv_budget(config: GenerationModelConfig, lm: CausalLM, device: str) -> KvBudget:
+    """The KV cache's tokens and the sequence count: as configured, or from memory."""
+    budget: int | None = None
+    source = ""
+    if config.kv_cache_tokens is None:
+        if device.startswith("cuda"):
+            free, _ = torch.cuda.mem_get_info(torch.device(device))
+            budget = int(free * config.kv_cache_memory_fraction)
+            source = f"{config.kv_cache_memory_fraction:g} of {free / 2**30:.1f} GiB free"
+        else:
+            budget = config.kv_cache_memory_mib * 2**20
+            source = f"kv_cache_memory_mib {config.kv_cache_memory_mib}"
+    return derive(
+        lm.kv_shape(),
+        budget,
+        source,
+        config.page_size,
+        2 * config.default_max_tokens,
+        config.kv_cache_tokens,
+        config.max_num_seqs,
+    )
+
+
 class Generator:
     def __init__(self, model: dict[str, Any]) -> None:
         config = GenerationModelConfig.model_validate(model)
@@ -50,14 +74,15 @@ class Generator:
         path = resolve_lm_source(config.source, cache_dir)
         threads = config.torch_threads or torch.get_num_threads()
         self.lm = CausalLM(path, device, torch_dtype(config.dtype, device))
+        self.kv = kv_budget(config, self.lm, device)
         self.slots = SequenceSlots(self._limits(GenerationQueue()))
         if config.engine == "continuous":
             settings = ContinuousSettings(
                 max_batch_tokens=config.max_batch_tokens,
-                kv_cache_tokens=config.kv_cache_tokens,
+                kv_cache_tokens=self.kv.kv_cache_tokens,
                 page_size=config.page_size,
                 scheduler=config.scheduler,
-                max_num_seqs=config.max_num_seqs,
+                max_num_seqs=self.kv.max_num_seqs,
                 torch_threads=threads,
             )
             self.engine: ContinuousEngine | StaticEngine = ContinuousEngine(self.lm, settings)
@@ -67,19 +92,23 @@ class Generator:
                 max_workers=1, initializer=torch.set_num_threads, initargs=(threads,)
             )
             self.engine = StaticEngine(
-                self.lm, executor, config.max_num_seqs, config.static_batch_wait_s
+                self.lm, executor, self.kv.max_num_seqs, config.static_batch_wait_s
             )
         self.worker = GenerationWorker(
             self.lm, self.engine, self.slots, model=config.name, metrics=build_metrics()
         )
         self._warm_up()
         logger.info(
-            "generation model %s (%s engine) ready on %s from %s, %d torch threads",
+            "generation model %s (%s engine) ready on %s from %s, %d torch threads; %d KV "
+            "tokens, %d sequences (%s)",
             config.name,
             config.engine,
             device,
             path,
             threads,
+            self.kv.kv_cache_tokens,
+            self.kv.max_num_seqs,
+            self.kv.source,
         )
 
     def _warm_up(self) -> None:
@@ -97,8 +126,8 @@ class Generator:
 
     def _limits(self, queue: GenerationQueue) -> SlotLimits:
         return SlotLimits(
-            max_num_seqs=self.config.max_num_seqs,
-            max_tokens=self.config.kv_cache_tokens,
+            max_num_seqs=self.kv.max_num_seqs,
+            max_tokens=self.kv.kv_cache_tokens,
             max_queued={p: queue.max_queued.get(p.label, 0) for p in ALL_PRIORITIES},
             aged_after_s={p: queue.aged_after_s.get(p.label) for p in ALL_PRIORITIES},
         )
@@ -154,7 +183,8 @@ class Generator:
             "engine": self.config.engine,
             "device": self.device,
             "dtype": str(self.lm.model.dtype).removeprefix("torch."),
-            "max_num_seqs": self.config.max_num_seqs,
+            "max_num_seqs": self.kv.max_num_seqs,
+            "kv_cache": self.kv.report(),
             "context_window": self.lm.context_window,
             **self.engine.stats(),
             **self.worker.stats(),

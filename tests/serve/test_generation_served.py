@@ -47,7 +47,12 @@ def test_models_lists_the_generation_model(server: Server) -> None:
 
 def test_the_replica_reports_its_device_and_precision(server: Server) -> None:
     # No GPU claimed: `dtype: auto` is float32 on the CPU.
-    assert {"device": "cpu", "dtype": "float32"}.items() <= replica_stats(server).items()
+    stats = replica_stats(server)
+    assert {"device": "cpu", "dtype": "float32"}.items() <= stats.items()
+    # The default app sets both sizes, so neither came from a memory budget.
+    configured = "kv_cache_tokens as configured; max_num_seqs as configured"
+    assert stats["kv_cache"]["source"] == configured
+    assert stats["kv_cache"]["max_num_seqs"] == stats["max_num_seqs"]
 
 
 def test_chat_completion_with_the_openai_client(client: OpenAI) -> None:

@@ -28,6 +28,8 @@ def test_serve_deploy_changes_batching_without_restarting_the_replica(
     config = yaml.safe_load(server.config_path.read_text())
     batching = yaml.safe_load(yaml.safe_dump(before["batching"]))
     batching["normal"].update(max_batch_size=8, batch_wait_timeout_s=0.002, max_batch_tokens=2048)
+    batching["realtime"]["target_p99_ms"] = 40.0
+    batching["batch"]["max_batch_tokens"] = 16384  # the target, not this ceiling, binds
     config["applications"][0]["deployments"] = [
         {"name": f"embed-{STRICT_MODEL}", "user_config": batching}
     ]
@@ -60,3 +62,14 @@ def test_serve_deploy_changes_batching_without_restarting_the_replica(
         timeout=60,
     )
     assert response.status_code == 200 and len(response.json()["data"]) == 20
+
+    # The new realtime target bounds every class's passes once the replica has a cost fit.
+    for i in range(10):
+        one = {"model": STRICT_MODEL, "input": f"one text {i}"}
+        assert httpx.post(f"{server.url}/v1/embeddings", json=one, headers=AUTH).status_code == 200
+    tuned = replica_info(server)
+    assert tuned["cost_model"]["samples"] >= 8
+    assert tuned["targets"]["realtime"]["slot_ms"] > 0
+    batch_plan = tuned["plans"]["batch"]
+    assert "slot" in batch_plan["why"]
+    assert batch_plan["max_batch_tokens"] < batching["batch"]["max_batch_tokens"]
