@@ -13,8 +13,9 @@ Three rules:
 - **The slot follows what the class measures.** The split above is only where the slot
   starts. Each targeted class keeps the time its recent items spent at the replica (arrival
   to the end of their pass); when their 95th percentile passes `TARGET_SHARE` of the target
-  the slot shrinks by a fifth, while it stays under `GROW_BELOW` of the target it grows by a
-  tenth, up to the share itself. So a model that is slower than its fit under load (the
+  the slot shrinks by a fifth (at once when one item misses the target); while it stays under
+  `GROW_BELOW` of the target and passes are filling the slot's budget, it grows by a tenth,
+  up to the share itself. So a model that is slower than its fit under load (the
   CPU shared with the ingress, say) gets shorter passes, and a comfortable target lets
   batches grow.
 - **Every class respects the tightest slot.** The model runs one pass at a time and a pass
@@ -55,6 +56,7 @@ class BatchPlan:
     max_batch_tokens: int
     wait_s: float
     why: str  # one short phrase for /v1/stats
+    bounded_by_slot: bool = False
 
     def report(self) -> dict[str, float | int | str]:
         return {
@@ -78,18 +80,32 @@ class SlotControl:
         self.slot_s = self.ceiling_s / 2
         self._recent: list[float] = []
         self._new = 0
+        self._binding = False
 
     def observe(self, latency_s: float) -> None:
         self._recent.append(latency_s)
         del self._recent[: -self.WINDOW]
+        if latency_s > self.target_s:
+            # Already late: shrink now rather than after the next EVERY items, which at a
+            # few realtime requests a second would be seconds of more misses.
+            self.slot_s *= 0.8
+            self._new = 0
+            return
         self._new += 1
         if self._new < self.EVERY:
             return
         self._new = 0
         if self._high() > self.target_s * TARGET_SHARE:
             self.slot_s *= 0.8
-        elif self._high() < self.target_s * GROW_BELOW:
+        elif self._high() < self.target_s * GROW_BELOW and self._binding:
             self.slot_s = min(self.slot_s * 1.1, self.ceiling_s)
+        self._binding = False
+
+    def note_binding(self) -> None:
+        """A pass filled the budget this slot set: a larger slot would have been used.
+        Only then may the slot grow; a quiet replica's fast items say nothing about how
+        long a pass may be."""
+        self._binding = True
 
     def _high(self) -> float:
         """The window's 95th percentile: a p99 of 64 items is their one worst, and one
@@ -144,16 +160,19 @@ def _plan_one(
     wait = 0.0 if idle else limits.wait_s
     reasons = ["idle: no wait"] if idle and limits.wait_s > 0 else []
     tokens = limits.max_batch_tokens
+    slot_bound = False
     if fit is not None and tightest_slot_s is not None:
         fits = fit.tokens_within(tightest_slot_s, tokens_per_row)
         # At least one row of the usual length, so the class always moves.
         bounded = max(fits, int(tokens_per_row), 1)
         if bounded < tokens:
             tokens = bounded
+            slot_bound = True
             reasons.append(f"{tightest_slot_s * 1e3:.0f} ms slot")
     return BatchPlan(
         max_batch_size=limits.max_batch_size,
         max_batch_tokens=tokens,
         wait_s=wait,
         why=", ".join(reasons) or "ceilings",
+        bounded_by_slot=slot_bound,
     )

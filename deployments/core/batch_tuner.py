@@ -27,6 +27,7 @@ class BatchTuner:
         self._tokens_per_row = 0.0  # a running mean of the padded row length
         self._limits: dict[str, ClassLimits] = {}
         self._slots: dict[str, SlotControl] = {}
+        self._last_plans: dict[str, BatchPlan] = {}
         self.adaptive = True
 
     def configure(self, limits: dict[str, ClassLimits], adaptive: bool) -> None:
@@ -46,13 +47,25 @@ class BatchTuner:
     def arrived(self, name: str, items: int) -> None:
         self._arrivals[name].add(items)
 
-    def ran(self, rows: int, padded_tokens: int, seconds: float) -> None:
+    def ran(self, name: str, rows: int, padded_tokens: int, seconds: float) -> None:
         self.cost.observe(rows, padded_tokens, seconds)
+        plan = self._last_plans.get(name)
+        if (
+            plan is not None
+            and plan.bounded_by_slot
+            and padded_tokens >= 0.8 * plan.max_batch_tokens
+        ):
+            for control in self._slots.values():
+                control.note_binding()
         row = padded_tokens / rows if rows else 0.0
         previous = self._tokens_per_row
         self._tokens_per_row = row if not previous else 0.9 * previous + 0.1 * row
 
     def plans(self) -> dict[str, BatchPlan]:
+        self._last_plans = self._plans()
+        return self._last_plans
+
+    def _plans(self) -> dict[str, BatchPlan]:
         if not self.adaptive:
             return {
                 name: BatchPlan(one.max_batch_size, one.max_batch_tokens, one.wait_s, "fixed")

@@ -223,7 +223,7 @@ class BatchedReplica:
             inference_s=inference_s,
             queue_waits_s=[started - arrived for arrived in arrivals.values()],
         )
-        self.tuner.ran(len(live), padded_tokens, inference_s)
+        self.tuner.ran(priority.label, len(live), padded_tokens, inference_s)
         ended = time.monotonic()
         self.tuner.waited(priority.label, [ended - arrived for arrived in arrivals.values()])
         self._apply_plans()

@@ -67,7 +67,7 @@ def test_the_tuner_learns_the_cost_then_bounds_the_batch_class() -> None:
     tuner.configure(LIMITS, adaptive=True)
     assert tuner.plans()["batch"].max_batch_tokens == 16384  # nothing measured yet
     for rows in range(1, 33):
-        tuner.ran(rows, rows * 16, COST.predict_s(rows, rows * 16))
+        tuner.ran("batch", rows, rows * 16, COST.predict_s(rows, rows * 16))
     for _ in range(50):
         clock.now += 0.001
         tuner.arrived("batch", 2)
@@ -83,7 +83,7 @@ def test_a_tuner_that_is_not_adaptive_returns_the_numbers_as_configured() -> Non
     tuner = BatchTuner(list(LIMITS))
     tuner.configure(LIMITS, adaptive=False)
     for rows in range(1, 33):
-        tuner.ran(rows, rows * 16, COST.predict_s(rows, rows * 16))
+        tuner.ran("batch", rows, rows * 16, COST.predict_s(rows, rows * 16))
     plans = tuner.plans()
     assert [p.max_batch_tokens for p in plans.values()] == [1024, 8192, 16384]
     assert [p.wait_s for p in plans.values()] == [0.002, 0.01, 0.05]
@@ -96,16 +96,23 @@ def test_the_slot_shrinks_when_the_class_runs_late_and_grows_back_when_comfortab
     for _ in range(SlotControl.EVERY):
         control.observe(0.055)  # past 80 % of the target
     assert abs(control.slot_s - start * 0.8) < 1e-12
+    quiet = SlotControl(LIMITS["realtime"])
     for _ in range(SlotControl.WINDOW * 20):
-        control.observe(0.01)  # well under half the target
+        quiet.observe(0.01)  # well under the target, but no pass filled the slot
+    assert quiet.slot_s == start
+    for _ in range(SlotControl.WINDOW * 20):
+        control.note_binding()
+        control.observe(0.01)  # comfortable while passes fill the budget: grow
     assert control.slot_s == control.ceiling_s  # grown back, capped at the share
+    control.observe(0.07)  # one item past the target shrinks the slot at once
+    assert abs(control.slot_s - control.ceiling_s * 0.8) < 1e-12
 
 
 def test_the_tuner_uses_the_live_slot() -> None:
     tuner = BatchTuner(list(LIMITS))
     tuner.configure(LIMITS, adaptive=True)
     for rows in range(1, 33):
-        tuner.ran(rows, rows * 16, COST.predict_s(rows, rows * 16))
+        tuner.ran("batch", rows, rows * 16, COST.predict_s(rows, rows * 16))
     for _ in range(4):
         tuner.arrived("batch", 200)
     before = tuner.plans()["batch"].max_batch_tokens
