@@ -120,6 +120,21 @@ class EncoderModelConfig(ModelDeploymentConfig):
     cache_dir: str | None = Field(
         None, description="Where exported graphs are built; default ~/.cache/tributary."
     )
+    gpu_memory_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="On a GPU: the most of the card's memory this replica's process may "
+        "take (torch's per-process fraction); a pass beyond it runs out of memory and is "
+        "split and retried. None = no fence.",
+    )
+    memory_limit_mib: int | None = Field(
+        None,
+        ge=1,
+        description="On a Linux CPU: the address space the replica may add after warm-up; a "
+        "pass beyond it fails in the allocator and is split and retried instead of the "
+        "kernel ending the replica. None = no limit.",
+    )
 
     @model_validator(mode="after")
     def _fp16_needs_a_gpu(self) -> EncoderModelConfig:

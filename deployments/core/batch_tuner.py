@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from deployments.core.arrival_rate import ArrivalRate
 from deployments.core.batch_policy import BatchPlan, ClassLimits, SlotControl, plan_classes
 from deployments.core.cost_model import CostModel
+from deployments.core.token_backoff import TokenBackoff
 
 
 class BatchTuner:
@@ -28,6 +30,7 @@ class BatchTuner:
         self._limits: dict[str, ClassLimits] = {}
         self._slots: dict[str, SlotControl] = {}
         self._last_plans: dict[str, BatchPlan] = {}
+        self.backoff = TokenBackoff()
         self.adaptive = True
 
     def configure(self, limits: dict[str, ClassLimits], adaptive: bool) -> None:
@@ -47,7 +50,14 @@ class BatchTuner:
     def arrived(self, name: str, items: int) -> None:
         self._arrivals[name].add(items)
 
+    def memory_fault(self, padded_tokens: int) -> None:
+        """A pass of `padded_tokens` ran out of memory: every class's budget halves."""
+        self.backoff.fault(padded_tokens)
+
     def ran(self, name: str, rows: int, padded_tokens: int, seconds: float) -> None:
+        self.backoff.success(
+            max((one.max_batch_tokens for one in self._limits.values()), default=0)
+        )
         self.cost.observe(rows, padded_tokens, seconds)
         plan = self._last_plans.get(name)
         if (
@@ -62,8 +72,17 @@ class BatchTuner:
         self._tokens_per_row = row if not previous else 0.9 * previous + 0.1 * row
 
     def plans(self) -> dict[str, BatchPlan]:
-        self._last_plans = self._plans()
-        return self._last_plans
+        plans = self._plans()
+        cap = self.backoff.cap
+        if cap is not None:
+            plans = {
+                name: replace(plan, max_batch_tokens=cap, why=f"{plan.why}, memory backoff")
+                if plan.max_batch_tokens > cap
+                else plan
+                for name, plan in plans.items()
+            }
+        self._last_plans = plans
+        return plans
 
     def _plans(self) -> dict[str, BatchPlan]:
         if not self.adaptive:

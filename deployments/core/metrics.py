@@ -164,6 +164,14 @@ COST_MODEL = Series(
     "per_token x padded tokens, by term.",
     ("model", "term"),
 )
+MEMORY_FAULTS = Series(
+    "tributary_memory_faults",
+    Kind.COUNTER,
+    "Forward passes that ran out of memory (out_of_memory), of them the ones split in halves "
+    "and retried (split_retry), and inputs that ran out of memory alone and failed with a "
+    "413 (failed_alone).",
+    ("model", "event"),
+)
 QUEUE_DEPTH = Series(
     "tributary_queue_depth",
     Kind.GAUGE,
@@ -234,6 +242,7 @@ SERIES: tuple[Series, ...] = (
     BATCH_TOKEN_BUDGET,
     BATCH_WAIT,
     COST_MODEL,
+    MEMORY_FAULTS,
     QUEUE_DEPTH,
     REJECTIONS,
     DROPPED_ITEMS,
@@ -350,6 +359,10 @@ class TributaryMetrics:
         self._put(COST_MODEL, fit.intercept_s, model=model, term="intercept")
         self._put(COST_MODEL, fit.per_row_s, model=model, term="per_row")
         self._put(COST_MODEL, fit.per_token_s, model=model, term="per_token")
+
+    def memory_faults(self, model: str, event: str, count: int) -> None:
+        if count:
+            self._put(MEMORY_FAULTS, count, model=model, event=event)
 
     def items_dropped(self, model: str, priority: str, reason: str, count: int) -> None:
         self._put(DROPPED_ITEMS, count, model=model, priority=priority, reason=reason)

@@ -37,7 +37,8 @@ ERROR_MEANINGS: dict[int, str] = {
     401: "API keys are configured and the request has none or a wrong one.",
     403: "The API key may not use this model.",
     404: "Unknown model.",
-    413: "Body, number of inputs or of documents over the configured limit.",
+    413: "Body, number of inputs or of documents over the configured limit; or "
+    "`input_too_large_for_memory`, an input that ran out of the model's memory even alone.",
     429: "The key's rate limit, or the server sheds this priority class or its queue is full "
     "(normal and batch classes).",
     500: "The model failed on a batch holding this request (the detail is logged, never sent).",

@@ -24,6 +24,7 @@ from typing import Any, Protocol, TypeVar
 
 from deployments.core.batch_budget import BatchBudget
 from deployments.core.protocol import Rejection, deadline_rejection
+from deployments.core.split_retry import TooLargeForMemory
 from deployments.errors import MODEL_FAILED_MESSAGE
 
 logger = logging.getLogger("ray.serve")
@@ -157,6 +158,8 @@ def failed_outcome(results: Sequence[Any], what: str) -> Rejection | None:
         # Nobody is listening; the status only has to be an error.
         return Rejection(499, "The client went away.", code="client_gone")
     failure = next((r for r in results if isinstance(r, BaseException)), None)
+    if isinstance(failure, TooLargeForMemory):
+        return Rejection(413, str(failure), code="input_too_large_for_memory")
     if failure is not None:
         logger.error("%s batch failed: %r", what, failure)
         return Rejection(500, MODEL_FAILED_MESSAGE, code="model_error")

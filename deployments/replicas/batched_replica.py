@@ -17,6 +17,7 @@ instances of one process: fine for Serve, which runs one replica per actor proce
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from collections import deque
@@ -32,6 +33,7 @@ from deployments.core.batch_policy import BatchPlan, ClassLimits
 from deployments.core.batch_tuner import BatchTuner
 from deployments.core.priority import ALL_PRIORITIES, Priority
 from deployments.core.priority_gate import PriorityGate
+from deployments.core.split_retry import SplitReport, run_split
 from deployments.metrics import build_metrics
 from deployments.replicas.batched_jobs import (
     EXPIRED,
@@ -41,6 +43,14 @@ from deployments.replicas.batched_jobs import (
     run_jobs,
     split_live,
 )
+from deployments.replicas.memory import (
+    apply_memory_fence,
+    apply_memory_limit,
+    is_memory_fault,
+    release_cached_memory,
+)
+
+logger = logging.getLogger("ray.serve")
 
 
 class BatchedReplica:
@@ -81,7 +91,22 @@ class BatchedReplica:
         self._counts = {"batches": 0, "items": 0, "expired_items": 0, "client_gone_items": 0}
         self._class_counts = {p: {"batches": 0, "items": 0} for p in ALL_PRIORITIES}
         self._recent_drops: deque[dict[str, str]] = deque(maxlen=256)
+        self._memory: dict[str, Any] = {
+            "out_of_memory": 0,
+            "split_retries": 0,
+            "failed_alone": 0,
+            "fence": None,
+            "limit": None,
+        }
         return threads
+
+    def _fence_memory(self, device: str, config: Any) -> None:
+        """Before the model loads: the GPU share this process may take, if configured."""
+        self._memory["fence"] = apply_memory_fence(device, config.gpu_memory_fraction)
+
+    def _limit_memory(self, config: Any) -> None:
+        """After warm-up: the address space the replica may still add, if configured."""
+        self._memory["limit"] = apply_memory_limit(config.memory_limit_mib)
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         batching = ModelBatching.model_validate(user_config)
@@ -143,6 +168,7 @@ class BatchedReplica:
             **self.tuner.report(),
             "plans": {p.label: plan.report() for p, plan in self._plans.items()},
             "jobs_in_progress": len(self._live),
+            "memory": {**self._memory, "token_cap": self.tuner.backoff.cap},
             "recent_drops": list(self._recent_drops),
         }
 
@@ -198,11 +224,47 @@ class BatchedReplica:
             results: list[Any] = []
             if live:
                 loop = asyncio.get_running_loop()
-                results = await loop.run_in_executor(self._executor, self.task.compute, live)
+                results, report = await loop.run_in_executor(
+                    self._executor,
+                    run_split,
+                    live,
+                    self.task.compute,
+                    is_memory_fault,
+                    release_cached_memory,
+                )
                 self._count(priority, len(live))
-                self._measure(priority, live, started)
+                if report.faults:
+                    self._memory_faulted(priority, live, report)
+                else:
+                    self._measure(priority, live, started)
         computed = iter(results)
         return [mark if mark is not None else next(computed) for mark in marks]
+
+    def _memory_faulted(self, priority: Priority, live: list[Any], report: SplitReport) -> None:
+        """A pass ran out of memory and was split: count it and halve the token budget.
+        Its time is not a pass's cost, so the cost model does not see it."""
+        self._memory["out_of_memory"] += report.faults
+        self._memory["split_retries"] += report.splits
+        self._memory["failed_alone"] += report.failed_alone
+        padded = len(live) * max(item.tokens for item in live)
+        self.tuner.memory_fault(padded)
+        self._apply_plans()
+        name = self.config.name
+        self.metrics.memory_faults(name, "out_of_memory", report.faults)
+        self.metrics.memory_faults(name, "split_retry", report.splits)
+        self.metrics.memory_faults(name, "failed_alone", report.failed_alone)
+        logger.warning(
+            "%s: a %s pass of %d inputs (%d padded tokens) ran out of memory: %d faults, "
+            "%d splits, %d inputs failed alone; token budget now %s",
+            name,
+            priority.label,
+            len(live),
+            padded,
+            report.faults,
+            report.splits,
+            report.failed_alone,
+            self.tuner.backoff.cap,
+        )
 
     def _count(self, priority: Priority, items: int) -> None:
         self._counts["batches"] += 1

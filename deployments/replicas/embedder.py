@@ -37,6 +37,7 @@ class Embedder(BatchedReplica):
         self.config = config
         device = self.device = assigned_device()
         threads = self._init_batching(config.torch_threads, config.batching)
+        self._fence_memory(device, config)
         self.backend = SentenceEmbedder(resolve_model_source(config.source), device)
         # The backend (`runtime`), chosen on the model thread: `auto` measures there.
         self.runtime = self._executor.submit(
@@ -47,6 +48,7 @@ class Embedder(BatchedReplica):
         # pay for lazy initialisation.
         warm = [self.backend.window.wrap(ids)[0] for ids in self.backend.tokenize(WARMUP_TEXTS)]
         self._executor.submit(self.backend.embed, warm).result()
+        self._limit_memory(config)
         self._warm = True
         logger.info(
             "model %s ready on %s (%s), %d threads",

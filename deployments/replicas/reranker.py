@@ -48,6 +48,7 @@ class Reranker(BatchedReplica):
         self.config = config
         device = self.device = assigned_device()
         threads = self._init_batching(config.torch_threads, config.batching)
+        self._fence_memory(device, config)
         self.backend, self.runtime = self._executor.submit(
             load_scorer, config, device, threads
         ).result()
@@ -55,6 +56,7 @@ class Reranker(BatchedReplica):
         # A real batch before the replica reports ready.
         query, *docs = self.backend.tokenize([WARMUP.query, *WARMUP.documents])
         self._executor.submit(self.backend.score, [(query, doc) for doc in docs]).result()
+        self._limit_memory(config)
         self._warm = True
         if self.backend.max_tokens != config.window_tokens:
             # Only the ingress's estimate suffers: this replica counts with the real window.

@@ -46,6 +46,7 @@ def test_every_record_carries_exactly_its_series_labels(
     metrics.batch_ran("m", "normal", 4, 64, 0.02, [0.01, 0.03])
     metrics.items_dropped("m", "batch", "deadline", 3)
     metrics.batch_plan("m", "batch", 4096, 0.0)
+    metrics.memory_faults("m", "split_retry", 2)
     metrics.cost_model("m", CostFit(0.004, 0.0001, 0.00001, 32))
     metrics.cache_lookup("m", hit=True)
     metrics.first_token("llm", "realtime", 0.2)

@@ -1,0 +1,65 @@
+"""What counts as running out of memory in a forward pass, and the replica's memory fence.
+
+torch raises `torch.OutOfMemoryError` on CUDA. On a CPU the allocator raises a RuntimeError
+("DefaultCPUAllocator: can't allocate memory") when the process hits its address-space limit,
+and Python raises MemoryError; ONNX Runtime and OpenVINO say "bad allocation" or "Failed to
+allocate". Only these are split and retried; any other error still fails the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import resource
+import sys
+
+import torch
+
+logger = logging.getLogger("ray.serve")
+
+_MEMORY_MESSAGES = re.compile(
+    r"out of memory|can't allocate memory|not enough memory|bad allocation|failed to allocate"
+    r"|could not create a primitive",
+    re.IGNORECASE,
+)
+
+
+def is_memory_fault(error: BaseException) -> bool:
+    if isinstance(error, torch.OutOfMemoryError | MemoryError):
+        return True
+    return isinstance(error, RuntimeError) and bool(_MEMORY_MESSAGES.search(str(error)))
+
+
+def release_cached_memory() -> None:
+    """After a fault: hand the failed pass's cached blocks back before the retry."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def apply_memory_fence(device: str, gpu_memory_fraction: float | None) -> str | None:
+    """On a CUDA device, caps this process's share of the card; returns what it set."""
+    if gpu_memory_fraction is None:
+        return None
+    if not device.startswith("cuda"):
+        logger.info(
+            "gpu_memory_fraction %s ignored: the replica runs on %s", gpu_memory_fraction, device
+        )
+        return None
+    torch.cuda.set_per_process_memory_fraction(gpu_memory_fraction, torch.device(device))
+    return f"gpu_memory_fraction {gpu_memory_fraction:g}"
+
+
+def apply_memory_limit(limit_mib: int | None) -> str | None:
+    """On Linux, limits the process's address space to what it uses now plus `limit_mib`, so
+    a batch too big for it fails in the allocator (and is split) instead of the kernel's OOM
+    killer ending the replica. Call after the model has loaded and warmed up."""
+    if limit_mib is None:
+        return None
+    if not sys.platform.startswith("linux"):
+        logger.warning("memory_limit_mib ignored: it needs Linux (RLIMIT_AS)")
+        return None
+    with open("/proc/self/status") as status:
+        size_kib = next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
+    limit = size_kib * 1024 + limit_mib * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    return f"address space {size_kib // 1024} MiB + memory_limit_mib {limit_mib}"
