@@ -36,6 +36,9 @@ from deployments.core.cost_model import CostFit
 # the model does not see (the hops before the replica, queueing behind other batches of the
 # class, a noisy machine).
 TARGET_SHARE = 0.8
+# A slot is never shorter than this many times a pass's fixed overhead (the fitted
+# intercept), where the overhead would be most of the pass.
+SLOT_FLOOR_INTERCEPTS = 2.0
 # A slot grows while its class's recent p95 stays under this share of the target.
 GROW_BELOW = 0.6
 
@@ -88,7 +91,7 @@ class SlotControl:
         if latency_s > self.target_s:
             # Already late: shrink now rather than after the next EVERY items, which at a
             # few realtime requests a second would be seconds of more misses.
-            self.slot_s *= 0.8
+            self._shrink()
             self._new = 0
             return
         self._new += 1
@@ -96,10 +99,15 @@ class SlotControl:
             return
         self._new = 0
         if self._high() > self.target_s * TARGET_SHARE:
-            self.slot_s *= 0.8
+            self._shrink()
         elif self._high() < self.target_s * GROW_BELOW and self._binding:
             self.slot_s = min(self.slot_s * 1.1, self.ceiling_s)
         self._binding = False
+
+    def _shrink(self) -> None:
+        # Not below an eighth of the ceiling: misses that shorter passes cannot cure (a
+        # machine busy with other work) must not ratchet the batches down to one row.
+        self.slot_s = max(self.slot_s * 0.8, self.ceiling_s / 8)
 
     def note_binding(self) -> None:
         """A pass filled the budget this slot set: a larger slot would have been used.
@@ -143,6 +151,9 @@ def plan_classes(
         if s is not None
     ]
     tightest = min(slots) if slots else None
+    if tightest is not None and fit is not None:
+        # A pass that is mostly its fixed overhead buys nothing: keep room for some rows.
+        tightest = max(tightest, SLOT_FLOOR_INTERCEPTS * fit.intercept_s)
     return {
         name: _plan_one(one, arrivals_per_s.get(name, 0.0), fit, tokens_per_row, tightest)
         for name, one in limits.items()

@@ -55,9 +55,17 @@ def test_no_target_no_bound() -> None:
     assert [p.max_batch_tokens for p in plans.values()] == [1024, 8192, 16384]
 
 
-def test_a_target_tighter_than_one_call_still_lets_one_row_through() -> None:
+def test_a_target_tighter_than_one_call_keeps_room_for_some_rows() -> None:
+    # The slot never drops below twice the per-call overhead: (10 ms - 5 ms) / 0.1 ms.
     tight = {**LIMITS, "realtime": ClassLimits(8, 1024, 0.002, target_s=0.005)}
     plans = plan_classes(tight, BUSY, fit=COST, tokens_per_row=16)
+    assert all(p.max_batch_tokens == 50 for p in plans.values())
+
+
+def test_without_an_overhead_a_slot_too_short_still_lets_one_row_through() -> None:
+    no_overhead = CostFit(intercept_s=0.0, per_row_s=0.0, per_token_s=0.01, samples=64)
+    tight = {**LIMITS, "realtime": ClassLimits(8, 1024, 0.002, target_s=0.005)}
+    plans = plan_classes(tight, BUSY, fit=no_overhead, tokens_per_row=16)
     assert all(p.max_batch_tokens == 16 for p in plans.values())
 
 
@@ -106,6 +114,9 @@ def test_the_slot_shrinks_when_the_class_runs_late_and_grows_back_when_comfortab
     assert control.slot_s == control.ceiling_s  # grown back, capped at the share
     control.observe(0.07)  # one item past the target shrinks the slot at once
     assert abs(control.slot_s - control.ceiling_s * 0.8) < 1e-12
+    for _ in range(100):
+        control.observe(0.07)  # misses shorter passes cannot cure stop at a floor
+    assert control.slot_s == control.ceiling_s / 8
 
 
 def test_the_tuner_uses_the_live_slot() -> None:
