@@ -24,7 +24,7 @@ RERANK_MODEL = "minilm-rerank"  # the default app's bi-encoder reranker
 CROSS_MODEL = "tiny-cross-encoder"  # built by the session, random weights
 STATIC_LLM = "tiny-llama-static"  # the default app's demo LLM on the static engine
 FENCED_MODEL = "minilm-fenced"  # MiniLM whose replica runs under a tight memory limit
-FENCED_HEADROOM_MIB = 160
+FENCED_HEADROOM_MIB = 250
 
 # Test keys, known to the test server only as their digests.
 ADMIN_KEY = "trib-test-admin"  # tier realtime, every model, no rate limit
@@ -65,6 +65,11 @@ def serve_test_config(cross_encoder_dir: Path | None = None) -> dict:
     fenced = copy.deepcopy(args["embedding_models"][0])
     fenced.update(name=FENCED_MODEL, torch_threads=1, memory_limit_mib=FENCED_HEADROOM_MIB)
     fenced["deployment"]["ray_actor_options"]["num_cpus"] = 0
+    # Fewer malloc arenas: each thread's arena reserves 64 MiB of address space, which
+    # would make the limit's real headroom depend on how many threads Ray has started.
+    fenced["deployment"]["ray_actor_options"]["runtime_env"] = {
+        "env_vars": {"MALLOC_ARENA_MAX": "2"}
+    }
     args["embedding_models"].append(fenced)
     args["auth"] = {
         "tenants": [

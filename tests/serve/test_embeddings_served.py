@@ -14,6 +14,7 @@ from deployments.backends.sources import resolve_model_source
 from tests.serve.conftest import (
     AUTH,
     CROSS_MODEL,
+    FENCED_MODEL,
     MODEL,
     RERANK_MODEL,
     STATIC_LLM,
@@ -55,6 +56,7 @@ def test_health_and_model_list(server: Server) -> None:
     assert {m["id"]: m["task"] for m in models} == {
         MODEL: "embedding",
         STRICT_MODEL: "embedding",
+        FENCED_MODEL: "embedding",
         RERANK_MODEL: "rerank",
         CROSS_MODEL: "rerank",
         "tiny-llama-demo": "generation",  # the default app's demo LLM

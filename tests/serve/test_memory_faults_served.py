@@ -43,6 +43,7 @@ def test_a_burst_that_runs_out_of_memory_is_answered_in_full(server: Server) -> 
     ]
     after = httpx.get(stats_url, timeout=30).json()["models"][FENCED_MODEL]["replica"]
     memory = after["memory"]
+    print(f"fenced replica after the burst: {memory}, {after['batches']} batches")
     assert memory["out_of_memory"] > before["memory"]["out_of_memory"], after
     assert memory["split_retries"] > 0 and memory["failed_alone"] == 0
     assert after["pid"] == before["pid"]  # the replica lived through it
