@@ -51,9 +51,14 @@ def run_split(
         except Exception as error:
             if not is_fault(error):
                 raise
+            faulted = True
+        else:
+            faulted = False
+        # Retried only here, outside the except block: inside it the traceback, and with
+        # it the failed pass's tensors, would stay alive through every retry.
+        if faulted:
             report.faults += 1
             report.largest_fault_rows = max(report.largest_fault_rows, len(part))
-            del error  # drop the traceback's frames, which hold the failed pass's tensors
             if after_fault is not None:
                 after_fault()
             if len(part) == 1:

@@ -24,7 +24,7 @@ RERANK_MODEL = "minilm-rerank"  # the default app's bi-encoder reranker
 CROSS_MODEL = "tiny-cross-encoder"  # built by the session, random weights
 STATIC_LLM = "tiny-llama-static"  # the default app's demo LLM on the static engine
 FENCED_MODEL = "minilm-fenced"  # MiniLM whose replica runs under a tight memory limit
-FENCED_HEADROOM_MIB = 250
+FENCED_HEADROOM_MIB = 150
 
 # Test keys, known to the test server only as their digests.
 ADMIN_KEY = "trib-test-admin"  # tier realtime, every model, no rate limit

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-HEADROOMS_MIB = (80, 160, 400)
+HEADROOMS_MIB = (60, 120, 400)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS is Linux's")
