@@ -10,7 +10,9 @@ the generation replica would wait for a second GPU forever. This renders the pro
 one card: the generation claim becomes `--llm-gpus`, everything else stays as the profile
 says, and `--model-dir` may stand in for the embedding weights (the device machine's
 upload limit: a copy stored in fp16). The launcher serves it in `--mode proxy`, Serve's
-own proxy, as the profile runs on a cluster. Prints one JSON object.
+own proxy, as the profile runs on a cluster. With `--memory-fence F` the embedder runs
+under `gpu_memory_fraction: F` and takes a burst of full-window texts: every request must
+still be answered while its batches run out of memory and are split. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -42,9 +44,14 @@ LOADS = ((64, 1), (8, 32))
 SERVE_CLASSES = ("ServeReplica:", "ServeController", "ProxyActor")
 
 
-def one_card_config(model_dir: Path | None, llm_gpus: float, no_gpu: bool) -> dict[str, Any]:
+def one_card_config(
+    model_dir: Path | None, llm_gpus: float, no_gpu: bool, fence: float | None = None
+) -> dict[str, Any]:
     config = load_config(ROOT / "serve_config.gpu.yaml")
     args = config["applications"][0]["args"]
+    if fence is not None:
+        for model in args.get("embedding_models") or []:
+            model["gpu_memory_fraction"] = fence
     for model in args.get("generation_models") or []:
         model["deployment"]["ray_actor_options"]["num_gpus"] = llm_gpus
     if no_gpu:  # the script itself, checked on a small machine without a GPU
@@ -211,6 +218,33 @@ def bare_texts_per_s(source: str, rounds: int = 5) -> dict[str, float]:
     return rates
 
 
+def memory_faults(server: Server, model: str, requests: int) -> dict[str, Any]:
+    """`requests` concurrent requests of one full-window text each: under a tight
+    `gpu_memory_fraction` their batch runs out of memory, and every request must still be
+    answered. Returns the statuses and what the replica counted."""
+    text = " ".join(["tributary"] * 600)  # longer than the window: truncated to it
+
+    async def send() -> list[int]:
+        limits = httpx.Limits(max_connections=requests)
+        async with httpx.AsyncClient(limits=limits, timeout=120) as client:
+            responses = await asyncio.gather(
+                *(
+                    client.post(f"{server.url}/v1/embeddings", json={"model": model, "input": text})
+                    for _ in range(requests)
+                )
+            )
+        return [r.status_code for r in responses]
+
+    statuses = asyncio.run(send())
+    replica = httpx.get(f"{server.url}/v1/stats", timeout=30).json()["models"][model]["replica"]
+    return {
+        "statuses": {str(code): statuses.count(code) for code in sorted(set(statuses))},
+        "memory": replica.get("memory"),
+        "normal_max_batch_tokens": replica["plans"]["normal"]["max_batch_tokens"],
+        "mean_batch_size": replica["mean_batch_size"],
+    }
+
+
 def with_gpu_memory(claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
     memory = gpu_memory_by_pid()
     return [{**claim, "gpu_mib": memory.get(claim["pid"], 0)} for claim in claims]
@@ -237,9 +271,16 @@ def main(argv: list[str] | None = None) -> None:
         default="proxy",
         help="the launcher's --mode: proxy (Serve's proxy, as on a cluster) or throughput",
     )
+    parser.add_argument(
+        "--memory-fence",
+        type=float,
+        default=None,
+        help="gpu_memory_fraction for the embedder, then a burst of full-window texts",
+    )
+    parser.add_argument("--skip-loads", action="store_true", help="no throughput loads")
     parser.add_argument("--log-copy", type=Path, default=None, help="keep the server's log here")
     args = parser.parse_args(argv)
-    config = one_card_config(args.model_dir, args.llm_gpus, args.no_gpu)
+    config = one_card_config(args.model_dir, args.llm_gpus, args.no_gpu, args.memory_fence)
     model_args = config["applications"][0]["args"]
     names = {
         task: model_args[f"{task}_models"][0]["name"]
@@ -261,14 +302,19 @@ def main(argv: list[str] | None = None) -> None:
             report["actors"] = _attempt(lambda: with_gpu_memory(replica_claims(server)))
             report["replicas_report"] = _attempt(lambda: replicas_as_reported(server))
             report["answers"] = _attempt(lambda: one_of_each(server, names))
-            report["served"] = _attempt(
-                lambda: served_loads(server, names["embedding"], args.duration)
-            )
+            if not args.skip_loads:
+                report["served"] = _attempt(
+                    lambda: served_loads(server, names["embedding"], args.duration)
+                )
+            if args.memory_fence is not None:
+                report["memory_faults"] = _attempt(
+                    lambda: memory_faults(server, names["embedding"], 256)
+                )
             report["gpu_mib_after_load"] = gpu_memory_by_pid()
         finally:
             if args.log_copy:
                 shutil.copy(server.log, args.log_copy)
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and not args.skip_loads:
         source = str(args.model_dir or model_args["embedding_models"][0]["source"])
         report["bare_fp16"] = bare_texts_per_s(source)
     print(json.dumps(report, indent=2))
