@@ -10,82 +10,15 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+# The model configs live in two modules of their own; the rest of the code imports every
+# config type from here (the `X as X` form marks the re-exports).
+from deployments.config_base import BatchSettings as BatchSettings
+from deployments.config_base import ModelBatching as ModelBatching
+from deployments.config_base import ModelDeploymentConfig as ModelDeploymentConfig
+from deployments.config_generation import GenerationModelConfig as GenerationModelConfig
+from deployments.config_generation import GenerationQueue as GenerationQueue
 from deployments.core.priority import PriorityName
 from deployments.serve_options import ActorOptions, DeploymentOptions, StrictModel
-
-
-class BatchSettings(StrictModel):
-    """How one priority class forms batches in a model deployment."""
-
-    max_batch_size: int = Field(32, ge=1, description="Most items in one forward pass.")
-    batch_wait_timeout_s: float = Field(
-        0.01, ge=0, description="How long a partial batch waits for more items."
-    )
-    max_batch_tokens: int = Field(
-        8192,
-        ge=1,
-        description="Most padded tokens (items x longest item) in one forward pass.",
-    )
-    aged_after_s: float | None = Field(
-        None,
-        gt=0,
-        description="A batch of this class that has waited this long at the priority gate "
-        "runs next, ahead of higher classes (bounded wait); None = strict priority.",
-    )
-    target_p99_ms: float | None = Field(
-        None,
-        gt=0,
-        description="A latency target for this class at the model (queue wait + forward "
-        "passes). With `adaptive`, every class's passes are kept short enough for it; the "
-        "sizes above become ceilings (docs/operations.md, 'Latency targets').",
-    )
-
-
-class ModelBatching(StrictModel):
-    """Batch knobs of a model deployment, one set per priority class. Sent as the
-    deployment's `user_config`, so they change at runtime with `serve deploy`, no restart."""
-
-    realtime: BatchSettings = BatchSettings(
-        max_batch_size=8, batch_wait_timeout_s=0.002, max_batch_tokens=1024
-    )
-    normal: BatchSettings = BatchSettings(
-        max_batch_size=32, batch_wait_timeout_s=0.01, max_batch_tokens=8192, aged_after_s=0.5
-    )
-    batch: BatchSettings = BatchSettings(
-        max_batch_size=64, batch_wait_timeout_s=0.05, max_batch_tokens=16384, aged_after_s=1.0
-    )
-
-    adaptive: bool = Field(
-        True,
-        description="Choose each batch's token budget and wait from the measured cost model, "
-        "the targets and the arrival rate, under the numbers above; False = the numbers as "
-        "they are, always.",
-    )
-
-    def of(self, priority: PriorityName) -> BatchSettings:
-        return getattr(self, priority)
-
-
-class ModelDeploymentConfig(StrictModel):
-    """What every model deployment has, whatever its task."""
-
-    name: str = Field(..., min_length=1, description="The `model` name clients send.")
-    version: str = Field(
-        "1",
-        min_length=1,
-        description="Which weights or settings serve this name; a label on the request "
-        "metrics, so a new version can be told from the old one on a dashboard.",
-    )
-    torch_threads: int = Field(
-        0, ge=0, description="Intra-op threads for the forward pass; 0 = the actor's num_cpus."
-    )
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
-        "auto",
-        description="Weights' precision; auto = float16 on a GPU Ray assigned, float32 on CPU.",
-    )
-    batching: ModelBatching = ModelBatching()
-    deployment: DeploymentOptions = DeploymentOptions()
-
 
 Runtime = Literal[
     "torch",
@@ -208,82 +141,6 @@ class RerankModelConfig(EncoderModelConfig):
         "when estimating chunk passes, which it does without loading the model; the "
         "replica logs a warning when the real window differs.",
     )
-
-
-_MAX_QUEUED: dict[PriorityName, int] = {"realtime": 64, "normal": 256, "batch": 1024}
-_AGED_AFTER_S: dict[PriorityName, float | None] = {"realtime": None, "normal": 2.0, "batch": 5.0}
-
-
-class GenerationQueue(StrictModel):
-    """How a generation replica admits sequences into its engine, per priority class. Sent
-    as the deployment's `user_config`, so it changes at runtime without a restart."""
-
-    max_queued: dict[PriorityName, int] = Field(
-        default_factory=lambda: dict(_MAX_QUEUED),
-        description="Requests of a class waiting for a slot, at most (then 429, or 503 "
-        "for realtime).",
-    )
-    aged_after_s: dict[PriorityName, float | None] = Field(
-        default_factory=lambda: dict(_AGED_AFTER_S),
-        description="A waiting request of this class that has waited this long goes "
-        "ahead of higher classes; None = strict priority.",
-    )
-
-
-class GenerationModelConfig(ModelDeploymentConfig):
-    source: str = Field(
-        ...,
-        min_length=1,
-        description="A local directory holding a Hugging Face causal-LM checkpoint "
-        "(`save_pretrained`), `package:<module>`, or `demo:tiny-llama`: a small model "
-        "with random weights built on first use (meaningless text).",
-    )
-    cache_dir: str | None = Field(
-        None, description="Where demo models are built; default ~/.cache/tributary."
-    )
-    engine: Literal["continuous", "static"] = Field(
-        "continuous",
-        description="continuous: transformers' continuous-batching manager (sequences "
-        "join and leave at every step); static: @serve.batch over batched `generate` "
-        "(kept for comparison).",
-    )
-    max_num_seqs: int | None = Field(
-        32,
-        ge=1,
-        description="Sequences in flight per replica; null = kv_cache_tokens divided by "
-        "twice default_max_tokens (a prompt about as long as its answer).",
-    )
-    kv_cache_tokens: int | None = Field(
-        16384,
-        ge=64,
-        description="KV cache size in tokens; also the budget of prompt + max_tokens "
-        "summed over the sequences in flight. null = derived at start from memory: "
-        "kv_cache_memory_fraction of the GPU's free memory, or kv_cache_memory_mib on a CPU.",
-    )
-    kv_cache_memory_fraction: float = Field(
-        0.5,
-        gt=0,
-        le=0.95,
-        description="On a GPU with kv_cache_tokens null: the share of the device's free "
-        "memory, measured after the model loaded, that the KV cache may take.",
-    )
-    kv_cache_memory_mib: int = Field(
-        512,
-        ge=1,
-        description="On a CPU with kv_cache_tokens null: the KV cache's memory budget.",
-    )
-    max_batch_tokens: int = Field(
-        256, ge=16, description="Tokens (prefill + decode) in one continuous-batching step."
-    )
-    page_size: int = Field(32, ge=4, description="Tokens per KV cache page.")
-    scheduler: Literal["fifo", "prefill_first"] = "fifo"
-    static_batch_wait_s: float = Field(
-        0.01, ge=0, description="static engine: how long a partial batch waits for more."
-    )
-    default_max_tokens: int = Field(128, ge=1, description="When a request sends none.")
-    max_tokens_limit: int = Field(512, ge=1, description="Largest `max_tokens` (400 above).")
-    max_stop_sequences: int = Field(4, ge=0)
-    queue: GenerationQueue = GenerationQueue()
 
 
 class ClassAdmission(StrictModel):

@@ -21,6 +21,8 @@ RANKS: dict[str, tuple[int, str]] = {
     "deployments.core": (0, "core"),
     "deployments.backends": (1, "backends"),
     "deployments.config": (2, "shared"),
+    "deployments.config_base": (2, "shared"),
+    "deployments.config_generation": (2, "shared"),
     "deployments.serve_options": (2, "shared"),
     "deployments.errors": (2, "shared"),
     "deployments.metrics": (2, "shared"),
