@@ -14,8 +14,10 @@ from ray.serve.deployment import Deployment
 
 from deployments.backends.demo_llm import DEMO_PREFIX
 from deployments.backends.sources import ModelSourceError, resolve_model_source
-from deployments.config import AppConfig, ModelDeploymentConfig
+from deployments.config import AppConfig, GenerationModelConfig, ModelDeploymentConfig
+from deployments.config_traffic import ModelAppConfig
 from deployments.http.server import HttpIngress
+from deployments.ingress.catalog import version_key
 from deployments.ingress.tenants import build_access_control
 from deployments.replicas.embedder import Embedder
 from deployments.replicas.generator import Generator
@@ -24,35 +26,26 @@ from deployments.replicas.reranker import Reranker
 
 def build_app(args: dict[str, Any]) -> Application:
     config = AppConfig.model_validate(args)
-    for kind, models in (("embedding", config.embedding_models), ("rerank", config.rerank_models)):
+    for kind, models in (
+        ("embedding", config.embedding_models),
+        ("rerank", config.rerank_models),
+        ("generation", config.generation_models),
+    ):
         for model in models:
-            # Fails here, naming the model, rather than later inside a replica.
-            try:
-                resolve_model_source(model.source)
-            except ModelSourceError as exc:
-                raise ModelSourceError(f"{kind} model {model.name!r}: {exc}") from None
-    for generation in config.generation_models:
-        if not generation.source.startswith(DEMO_PREFIX):  # demo models are built on first use
-            try:
-                resolve_model_source(generation.source)
-            except ModelSourceError as exc:
-                raise ModelSourceError(f"generation model {generation.name!r}: {exc}") from None
+            _check_source(kind, model)
     # A missing key file or variable fails the deploy here, not in the ingress replica.
     build_access_control(config.auth)
-    # Batch knobs travel only as each model deployment's user_config: changing them with
-    # `serve deploy` then reconfigures the running replicas in place, where a change to
-    # any constructor argument would restart them.
-    embedders = {m.name: _model_deployment(Embedder, "embed", m) for m in config.embedding_models}
-    rerankers = {m.name: _model_deployment(Reranker, "rerank", m) for m in config.rerank_models}
-    # The queue limits are the generator's user_config, changeable without a restart.
+    names = _DeploymentNames()
+    embedders = {
+        version_key(m.name, m.version): _model_deployment(Embedder, names("embed", m), m)
+        for m in config.embedding_models
+    }
+    rerankers = {
+        version_key(m.name, m.version): _model_deployment(Reranker, names("rerank", m), m)
+        for m in config.rerank_models
+    }
     generators = {
-        m.name: _deployment(Generator)
-        .options(
-            name=f"generate-{m.name}",
-            user_config=m.queue.model_dump(),
-            **m.deployment.to_serve(),
-        )
-        .bind(m.model_dump())
+        version_key(m.name, m.version): _generator(names("generate", m), m)
         for m in config.generation_models
     }
     ingress = _deployment(serve.ingress()(HttpIngress)).options(
@@ -70,11 +63,71 @@ def build_app(args: dict[str, Any]) -> Application:
     )
 
 
-def _model_deployment(cls: type, prefix: str, model: ModelDeploymentConfig) -> Application:
+def build_model_app(args: dict[str, Any]) -> Application:
+    """One version of one model as an application of its own, with no HTTP route: the
+    main app's ingress reaches it by the application's name, as its traffic policy says
+    (docs/operations.md, "Gray release"). Adding or removing such an application leaves
+    every other application's replicas as they are."""
+    config = ModelAppConfig.model_validate(args)
+    if config.embedding_model is not None:
+        _check_source("embedding", config.embedding_model)
+        return _model_deployment(
+            Embedder, _version_name("embed", config.embedding_model), config.embedding_model
+        )
+    if config.rerank_model is not None:
+        _check_source("rerank", config.rerank_model)
+        return _model_deployment(
+            Reranker, _version_name("rerank", config.rerank_model), config.rerank_model
+        )
+    assert config.generation_model is not None
+    _check_source("generation", config.generation_model)
+    return _generator(_version_name("generate", config.generation_model), config.generation_model)
+
+
+class _DeploymentNames:
+    """A model's first version keeps the name it had before versions (`embed-<name>`), so
+    deployment overrides in existing configs still apply; later ones add `@<version>`."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+
+    def __call__(self, prefix: str, model: ModelDeploymentConfig) -> str:
+        first = model.name not in self._seen
+        self._seen.add(model.name)
+        return f"{prefix}-{model.name}" if first else _version_name(prefix, model)
+
+
+def _version_name(prefix: str, model: ModelDeploymentConfig) -> str:
+    return f"{prefix}-{version_key(model.name, model.version)}"
+
+
+def _check_source(kind: str, model: Any) -> None:
+    # Fails here, naming the model, rather than later inside a replica.
+    if kind == "generation" and model.source.startswith(DEMO_PREFIX):
+        return  # demo models are built on first use
+    try:
+        resolve_model_source(model.source)
+    except ModelSourceError as exc:
+        raise ModelSourceError(f"{kind} model {model.name!r}: {exc}") from None
+
+
+def _generator(name: str, model: GenerationModelConfig) -> Application:
+    # The queue limits are the generator's user_config, changeable without a restart.
+    return (
+        _deployment(Generator)
+        .options(name=name, user_config=model.queue.model_dump(), **model.deployment.to_serve())
+        .bind(model.model_dump())
+    )
+
+
+def _model_deployment(cls: type, name: str, model: ModelDeploymentConfig) -> Application:
+    # Batch knobs travel only as each model deployment's user_config: changing them with
+    # `serve deploy` then reconfigures the running replicas in place, where a change to
+    # any constructor argument would restart them.
     return (
         _deployment(cls)
         .options(
-            name=f"{prefix}-{model.name}",
+            name=name,
             user_config=model.batching.model_dump(),
             **model.deployment.to_serve(),
         )

@@ -6,6 +6,7 @@ at build time with pydantic's message, which names the offending field path.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -280,14 +281,26 @@ class AppConfig(StrictModel):
 
     @model_validator(mode="after")
     def _names_are_unique(self) -> AppConfig:
-        # One namespace: a client names a model without saying which task it is for.
-        names = [m.name for m in self.embedding_models] + [m.name for m in self.rerank_models]
-        names += [m.name for m in self.generation_models]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"model names: duplicate model name(s) {duplicates}")
+        # One namespace: a client names a model without saying which task it is for. A
+        # name may have several versions within its task (gray release), each once.
+        tasks: dict[str, Sequence[ModelDeploymentConfig]] = {
+            "embedding": self.embedding_models,
+            "rerank": self.rerank_models,
+            "generation": self.generation_models,
+        }
+        task_of: dict[str, str] = {}
+        seen: set[tuple[str, str]] = set()
+        for task, models in tasks.items():
+            for model in models:
+                if task_of.setdefault(model.name, task) != task:
+                    raise ValueError(f"model names: {model.name!r} names models of two tasks")
+                if (model.name, model.version) in seen:
+                    raise ValueError(
+                        f"model names: {model.name!r} version {model.version!r} is listed twice"
+                    )
+                seen.add((model.name, model.version))
         for tenant in self.auth.tenants:
-            unknown = sorted(set(tenant.models or ()) - set(names))
+            unknown = sorted(set(tenant.models or ()) - set(task_of))
             if unknown:
                 raise ValueError(f"tenant {tenant.name!r} names unknown model(s) {unknown}")
         return self

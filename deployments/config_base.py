@@ -66,12 +66,19 @@ class ModelBatching(StrictModel):
 class ModelDeploymentConfig(StrictModel):
     """What every model deployment has, whatever its task."""
 
-    name: str = Field(..., min_length=1, description="The `model` name clients send.")
+    name: str = Field(
+        ...,
+        min_length=1,
+        pattern=r"^[^@]+$",
+        description="The `model` name clients send (`name@version` pins a version).",
+    )
     version: str = Field(
         "1",
         min_length=1,
-        description="Which weights or settings serve this name; a label on the request "
-        "metrics, so a new version can be told from the old one on a dashboard.",
+        pattern=r"^[A-Za-z0-9._-]+$",
+        description="Which weights or settings serve this name: several versions of a name "
+        "may be served at once (the ingress's traffic policy splits between them). A label "
+        "on the request metrics and the X-Model-Version response header.",
     )
     torch_threads: int = Field(
         0, ge=0, description="Intra-op threads for the forward pass; 0 = the actor's num_cpus."

@@ -197,6 +197,43 @@ CACHE_LOOKUPS = Series(
     "Result-cache lookups by result (hit, miss); recorded once a deployment has a cache.",
     ("model", "result"),
 )
+# Shadow agreement: cosine, top-1 agreement, rank correlation, exact match, all in [-1, 1]
+# and mostly near 1, where a candidate's trouble shows (Ray wants buckets above 0; lower
+# values count in the first).
+AGREEMENT_BUCKETS = (0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 0.9999, 1.0)
+SHADOW_AGREEMENT = Series(
+    "tributary_shadow_agreement",
+    Kind.HISTOGRAM,
+    "How a shadow version's answer agreed with the primary's, by measure: cosine "
+    "(embeddings), top1 and rank_correlation (rerank), exact_match (greedy generation).",
+    ("model", "model_version", "measure"),
+    AGREEMENT_BUCKETS,
+)
+SHADOW_LATENCY_RATIO = Series(
+    "tributary_shadow_latency_ratio",
+    Kind.HISTOGRAM,
+    "A shadow copy's latency over its primary request's (generation and every task).",
+    ("model", "model_version"),
+    (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0),
+)
+SHADOW_COPIES = Series(
+    "tributary_shadow_copies",
+    Kind.COUNTER,
+    "Shadow copies by result: compared, dropped (bound or load), failed.",
+    ("model", "model_version", "result"),
+)
+CANARY_TRIPS = Series(
+    "tributary_canary_trips",
+    Kind.COUNTER,
+    "Canaries the guard stopped (weight 0), by reason: error_rate, p99, agreement.",
+    ("model", "model_version", "reason"),
+)
+TRAFFIC_WEIGHT = Series(
+    "tributary_traffic_weight",
+    Kind.GAUGE,
+    "Share of a model's new requests each version gets now (0 to 1), after the guard.",
+    ("model", "model_version"),
+)
 TIME_TO_FIRST_TOKEN = Series(
     "tributary_time_to_first_token_seconds",
     Kind.HISTOGRAM,
@@ -232,6 +269,11 @@ OUTPUT_TOKENS = Series(
 
 SERIES: tuple[Series, ...] = (
     REQUESTS,
+    SHADOW_AGREEMENT,
+    SHADOW_LATENCY_RATIO,
+    SHADOW_COPIES,
+    CANARY_TRIPS,
+    TRAFFIC_WEIGHT,
     REQUEST_LATENCY,
     QUEUE_WAIT,
     INFERENCE,
@@ -369,6 +411,24 @@ class TributaryMetrics:
 
     def cache_lookup(self, model: str, hit: bool) -> None:
         self._put(CACHE_LOOKUPS, 1, model=model, result="hit" if hit else "miss")
+
+    # Versions: the split, shadow copies and the canary guard (ingress).
+    def traffic_weight(self, model: str, version: str, share: float) -> None:
+        self._put(TRAFFIC_WEIGHT, share, model=model, model_version=version)
+
+    def shadow_compared(
+        self, model: str, version: str, agreements: Mapping[str, float], latency_ratio: float
+    ) -> None:
+        self._put(SHADOW_COPIES, 1, model=model, model_version=version, result="compared")
+        for measure, value in agreements.items():
+            self._put(SHADOW_AGREEMENT, value, model=model, model_version=version, measure=measure)
+        self._put(SHADOW_LATENCY_RATIO, latency_ratio, model=model, model_version=version)
+
+    def shadow_not_compared(self, model: str, version: str, result: str) -> None:
+        self._put(SHADOW_COPIES, 1, model=model, model_version=version, result=result)
+
+    def canary_tripped(self, model: str, version: str, reason: str) -> None:
+        self._put(CANARY_TRIPS, 1, model=model, model_version=version, reason=reason)
 
     # Generation (the LLM deployment).
     def first_token(self, model: str, priority: str, seconds: float) -> None:

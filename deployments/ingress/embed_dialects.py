@@ -48,6 +48,7 @@ class EmbedCall:
     priority: str | None
     job: Callable[[EmbeddingModelConfig, str], EmbedJob]  # (model, request id) -> job
     respond: Callable[[EmbedResult, str], Any]  # (result, model name) -> response body
+    user: str | None = None  # OpenAI's end-user id: keeps that user on one model version
 
 
 def parse_embed_call(body: bytes, dialect: EmbedDialect) -> EmbedCall:
@@ -58,6 +59,7 @@ def parse_embed_call(body: bytes, dialect: EmbedDialect) -> EmbedCall:
             openai.priority,
             lambda model, request_id: embedding_job(openai, model, request_id),
             lambda result, _: embedding_response(result, openai),
+            openai.user,
         )
     if dialect == "tei":
         tei = _parse(TeiEmbedRequest, body, {"inputs": TEI_INPUTS_SHAPE})

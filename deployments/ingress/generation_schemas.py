@@ -71,7 +71,9 @@ class SamplingFields(ApiModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: StrictInt = Field(1, ge=1, le=128, description="Only 1 is supported.")
-    user: StrictStr | None = Field(None, description="Accepted for compatibility; unused.")
+    user: StrictStr | None = Field(
+        None, description="End-user id; keeps that user on one model version (sticky)."
+    )
     priority: Literal["realtime", "normal", "batch"] | None = Field(
         None, description="Priority class (as the X-Priority header), capped by the key's tier."
     )

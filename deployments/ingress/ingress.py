@@ -8,9 +8,12 @@ with `serve.ingress()`. Tests build the same subclass with fake handles.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -21,14 +24,28 @@ from deployments.config import (
     RerankModelConfig,
 )
 from deployments.core.access import AccessDenied, Tenant, estimate_tokens
+from deployments.core.agreement import (
+    embedding_agreement,
+    exact_match,
+    rank_correlation,
+    top1_agreement,
+)
 from deployments.core.class_queues import Refused, loop_deadline
 from deployments.core.coalescer import DeadlineExpired
 from deployments.core.metrics import TributaryMetrics
 from deployments.core.priority import Priority
-from deployments.core.protocol import GenerationChunk, Rejection
+from deployments.core.protocol import (
+    EmbedJob,
+    EmbedResult,
+    GenerationChunk,
+    Rejection,
+    RerankResult,
+)
+from deployments.core.traffic import split_pin
 from deployments.errors import (
     DeadlineExceeded,
     Forbidden,
+    InvalidRequest,
     ModelNotFound,
     NotReady,
     Overloaded,
@@ -37,6 +54,7 @@ from deployments.errors import (
     Unauthorized,
     rejection_error,
 )
+from deployments.ingress.catalog import Catalog, replica_watch_for, version_key
 from deployments.ingress.embed_dialects import EmbedDialect, find_model, parse_embed_call
 from deployments.ingress.embeddings import embedding_token_estimate
 from deployments.ingress.generation import (
@@ -51,12 +69,13 @@ from deployments.ingress.generation_schemas import parse_generation_request
 from deployments.ingress.model_client import ModelClient
 from deployments.ingress.observe import RequestObserver, note_request, observed
 from deployments.ingress.readiness import engines_problem, serve_readiness
-from deployments.ingress.replica_watch import ReplicaWatch
 from deployments.ingress.request_meta import RequestMeta, choose_priority, read_meta
 from deployments.ingress.rerank import rerank_job, rerank_response, rerank_token_estimate
 from deployments.ingress.rerank_schemas import Dialect, parse_rerank_request
-from deployments.ingress.stats_view import batching_classes, generation_classes
+from deployments.ingress.shadow import ShadowCopies
+from deployments.ingress.stats_gather import gather_stats
 from deployments.ingress.tenants import build_access_control
+from deployments.ingress.versions import ModelVersions, Version
 from deployments.metrics import build_metrics
 
 T = TypeVar("T")
@@ -65,6 +84,8 @@ logger = logging.getLogger("ray.serve")
 
 
 ReadinessCheck = Callable[[], Awaitable[str | None]]
+# A shadow copy's deadline: it rides at the batch class and nobody waits for it.
+SHADOW_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -79,50 +100,53 @@ class Ingress:
         self,
         config: dict[str, Any],
         *,
-        # Per task, model name -> DeploymentHandle of its replica; one per configured model.
+        # Per task, `name@version` (or the name alone) -> DeploymentHandle of its replica.
         embedders: dict[str, Any] | None = None,
         rerankers: dict[str, Any] | None = None,
         generators: dict[str, Any] | None = None,
         readiness: ReadinessCheck | None = None,
         metrics: TributaryMetrics | None = None,  # None: Ray's, inside a Ray worker
+        app_handle: Callable[[str], Any] | None = None,  # None: Serve's, by app name
     ) -> None:
         self.config = AppConfig.model_validate(config)
         self.observer = RequestObserver(metrics or build_metrics())
-        self._models: dict[str, EmbeddingModelConfig] = {
-            m.name: m for m in self.config.embedding_models
-        }
-        self._rerank_models: dict[str, RerankModelConfig] = {
-            m.name: m for m in self.config.rerank_models
-        }
-        self._generation_models: dict[str, GenerationModelConfig] = {
-            m.name: m for m in self.config.generation_models
-        }
-        self._generators = generators or {}
-        self._watches = {
-            name: ReplicaWatch(name, _alive_probe(handle))
-            for name, handle in self._generators.items()
-        }
+        self.shadows = ShadowCopies(self.observer.metrics)
+        self.catalog = Catalog(
+            self.config,
+            {
+                "embedding": embedders or {},
+                "rerank": rerankers or {},
+                "generation": generators or {},
+            },
+            self._attach,
+            app_handle or _serve_app_handle,
+        )
         self._created = int(time.time())
         self._readiness = readiness or serve_readiness
         self.access = build_access_control(self.config.auth)
-        ingress = self.config.ingress
-        self._clients = {
-            name: ModelClient(
-                name, (embedders or {})[name], ingress.admission, ingress.max_group_items
-            )
-            for name in self._models
-        }
-        for name in self._rerank_models:
-            self._clients[name] = ModelClient(
-                name,
-                (rerankers or {})[name],
-                ingress.admission,
-                ingress.max_group_items,
-                method="rerank_jobs",
-            )
         self._denied: dict[str, int] = {}
         if self.access.is_open:
             _warn_if_open_to_the_network()
+
+    def _attach(self, version: Version, task: str, handle: Any) -> None:
+        name = version.config.name if version.config is not None else None
+        ingress = self.config.ingress
+        if task == "generation":
+            version.handle = handle
+            version.watch = replica_watch_for(name or "model", version, handle)
+            return
+        method = "embed_jobs" if task == "embedding" else "rerank_jobs"
+        version.client = ModelClient(
+            name or "model", handle, ingress.admission, ingress.max_group_items, method=method
+        )
+
+    async def reconfigure(self, user_config: dict[str, Any] | None) -> None:
+        """The traffic policy (config_traffic.py): Serve calls this at start and on every
+        `serve deploy` that changes it, with no restart."""
+        self.catalog.apply(user_config)
+        for name, table in self.catalog.tables.items():
+            for version, share in _shares(table).items():
+                self.observer.metrics.traffic_weight(name, version, share)
 
     @property
     def max_body_bytes(self) -> int:
@@ -137,26 +161,39 @@ class Ingress:
                     "object": "model",
                     "created": self._created,
                     "owned_by": "tributary",
-                    "task": task,
+                    "task": table.task,
+                    "versions": table.describe(),
                 }
-                for names, task in (
-                    (self._models, "embedding"),
-                    (self._rerank_models, "rerank"),
-                    (self._generation_models, "generation"),
-                )
-                for name in names
+                for name, table in self.catalog.tables.items()
+                if table.base is not None
             ],
+        }
+
+    def _generation_handles(self) -> dict[str, Any]:
+        # A model with one version is named alone, as clients know it.
+        return {
+            name if len(self.catalog.table(name).versions) == 1 else version_key(name, v.label): (
+                v.handle
+            )
+            for name, v in self.catalog.versions_of_task("generation")
         }
 
     async def health(self) -> None:
         # Both at once: /healthz must turn within ~1 s of an engine's death.
-        down = [name for name, watch in self._watches.items() if watch.down]
+        watches = [
+            (name, v.watch)
+            for name, v in self.catalog.versions_of_task("generation")
+            if v.watch is not None
+        ]
+        down = [name for name, watch in watches if watch.down]
         if down:  # known without asking: asking a model with no replica waits out a timeout
             raise NotReady(f"Generation model '{down[0]}' has no running replica; restarting.")
-        doubted = [name for name, watch in self._watches.items() if watch.in_doubt]
+        doubted = [name for name, watch in watches if watch.in_doubt]
         if doubted:  # within ms of the death, not after the first probe's timeout
             raise NotReady(f"A replica of generation model '{doubted[0]}' died; checking.")
-        problems = await asyncio.gather(self._readiness(), engines_problem(self._generators))
+        problems = await asyncio.gather(
+            self._readiness(), engines_problem(self._generation_handles())
+        )
         problem = next((p for p in problems if p is not None), None)
         if problem is not None:
             raise NotReady(problem)
@@ -164,34 +201,54 @@ class Ingress:
     def read_meta(self, headers: Mapping[str, str]) -> RequestMeta:
         return read_meta(headers, self.config.ingress.admission.max_timeout_s)
 
+    def _route(
+        self, asked: str | None, meta: RequestMeta, tenant: Tenant | None, user: str | None
+    ) -> tuple[str | None, Callable[[str], Version]]:
+        """The name a request asked for (without its `@version`), and how to pick its
+        version once the name is known to exist."""
+        name, pin = (None, None) if asked is None else split_pin(asked)
+        if meta.version is not None:
+            if pin is not None and pin != meta.version:
+                raise InvalidRequest(
+                    f"The model names version '{pin}' and X-Model-Version says '{meta.version}'.",
+                    param="model",
+                )
+            pin = meta.version
+        keys = {"session": meta.session, "user": user, "api_key": meta.authorization}
+        return name, lambda found: self.catalog.table(found).choose(pin, keys)
+
     @observed
     async def embed(
         self, body: bytes, meta: RequestMeta, tenant: Tenant | None, dialect: EmbedDialect
     ) -> Answer:
         """/v1/embeddings, Cohere's /v1/embed and /v2/embed, TEI's /embed (embed_dialects)."""
         call = parse_embed_call(body, dialect)
-        model = find_model(self._models, call.model)
-        priority = self._admit(model, call.priority, meta, tenant)
+        name, pick = self._route(call.model, meta, tenant, call.user)
+        model = find_model(self.catalog.of_task("embedding"), name)
+        version = pick(model.name)
+        priority = self._admit(model, version, call.priority, meta, tenant)
         job = call.job(model, meta.request_id)
         outcome = await self._run(
-            model.name, priority, job, embedding_token_estimate(job), meta, tenant
+            model.name, version, priority, job, embedding_token_estimate(job), meta, tenant
         )
-        return Answer(call.respond(outcome, model.name), {"X-Priority": priority.label})
+        return Answer(call.respond(outcome, model.name), _headers(priority, version))
 
     async def embedding_model_info(self) -> tuple[EmbeddingModelConfig, dict[str, Any]]:
         """The first embedding model and what its replica says of itself (TEI's /info)."""
-        model = find_model(self._models, None)
-        return model, await self._clients[model.name].info()
+        model = find_model(self.catalog.of_task("embedding"), None)
+        client = self.catalog.table(model.name).choose(None, {}).client
+        assert client is not None
+        return model, await client.info()
 
     @observed
     async def rerank(
         self, body: bytes, meta: RequestMeta, tenant: Tenant | None, dialect: Dialect
     ) -> Answer:
         query = parse_rerank_request(body, dialect)
-        name = query.model
-        if name is None and self._rerank_models:
-            name = next(iter(self._rerank_models))  # TEI serves one model and names none
-        model = self._rerank_models.get(name or "")
+        models = self.catalog.of_task("rerank")
+        asked, pick = self._route(query.model, meta, tenant, None)
+        name = asked if asked is not None else next(iter(models), None)  # TEI names none
+        model = models.get(name or "")
         if name is None:
             raise ModelNotFound("This server has no rerank model.", param="model")
         if model is None:
@@ -200,12 +257,13 @@ class Ingress:
                 "(task: rerank).",
                 param="model",
             )
-        priority = self._admit(model, query.priority, meta, tenant)
+        version = pick(model.name)
+        priority = self._admit(model, version, query.priority, meta, tenant)
         job = rerank_job(query, model, meta.request_id)
         estimate = rerank_token_estimate(job)
-        outcome = await self._run(model.name, priority, job, estimate, meta, tenant)
+        outcome = await self._run(model.name, version, priority, job, estimate, meta, tenant)
         answer = rerank_response(query, model.name, outcome)
-        return Answer(answer, {"X-Priority": priority.label})
+        return Answer(answer, _headers(priority, version))
 
     @observed
     async def generate(
@@ -213,27 +271,30 @@ class Ingress:
     ) -> Answer:
         """/v1/chat/completions (chat) and /v1/completions (ingress/generation.py)."""
         request = parse_generation_request(body, chat)
-        model = self._generation_models.get(request.model)
+        name, pick = self._route(request.model, meta, tenant, request.user)
+        model = self.catalog.of_task("generation").get(name or "")
         if model is None:
             raise ModelNotFound(
-                f"The generation model '{request.model}' does not exist; GET /v1/models "
+                f"The generation model '{name}' does not exist; GET /v1/models "
                 "lists them (task: generation).",
                 param="model",
             )
-        priority = self._admit(model, request.priority, meta, tenant)
+        version = pick(model.name)
+        priority = self._admit(model, version, request.priority, meta, tenant)
         note_request(priority=priority.label, items=1)
         job = build_job(request, model, meta.request_id)
         texts = job.prompt or " ".join(m["content"] for m in job.messages or [])
         estimate = estimate_tokens([texts]) + job.max_tokens
         charge = self._guard(lambda: self.access.hold(tenant, estimate))
         timeout_s = timeout_for(self.config.ingress.admission, priority, meta.timeout_s)
-        call = GenerationCall(
-            model.name, self._generators[model.name], priority, timeout_s, self._watches[model.name]
-        )
-        with charge.refunded_on_failure():
+        assert version.watch is not None
+        call = GenerationCall(model.name, version.handle, priority, timeout_s, version.watch)
+        table = self.catalog.table(model.name)
+        started = time.monotonic()
+        with charge.refunded_on_failure(), self._judged(table, version, started):
             first = await call.start(job)
         reply = Reply(chat, model.name)
-        headers: dict[str, str] = {"X-Priority": priority.label}
+        headers = _headers(priority, version)
         if request.stream:
 
             def settle(last: GenerationChunk | None) -> None:
@@ -241,21 +302,41 @@ class Ingress:
 
             events = sse(call, first, reply, request.include_usage, settle)
             return Answer(None, headers, events=events)
-        with charge.refunded_on_failure():
+        with charge.refunded_on_failure(), self._judged(table, version, started):
             text, last = await collect(call, first)
         charge.settle(last.prompt_tokens + last.completion_tokens)
+        self._shadow_generation(table, version, job, text, time.monotonic() - started)
         return Answer(reply.whole(text, last), headers)
+
+    def _shadow_generation(
+        self, table: ModelVersions, version: Version, job: Any, text: str, latency_s: float
+    ) -> None:
+        greedy = job.temperature == 0
+
+        async def run(target: Version) -> str:
+            assert target.watch is not None
+            copy = GenerationCall(
+                table.name, target.handle, Priority.BATCH, SHADOW_TIMEOUT_S, target.watch
+            )
+            first = await copy.start(job)
+            return (await collect(copy, first))[0]
+
+        def compare(primary: str, shadow: str) -> dict[str, float]:
+            return {"exact_match": exact_match(primary, shadow)} if greedy else {}
+
+        self.shadows.maybe_send(table, version, text, latency_s, run, compare)
 
     def _admit(
         self,
         model: EmbeddingModelConfig | RerankModelConfig | GenerationModelConfig,
+        version: Version,
         body_priority: str | None,
         meta: RequestMeta,
         tenant: Tenant | None,
     ) -> Priority:
         """Labels the request with its model, checks the tenant may use that model, and
         returns its class: the one asked for (header or body), capped at the tenant's tier."""
-        note_request(model=model.name, version=model.version)
+        note_request(model=model.name, version=version.label)
         self._guard(lambda: self.access.authorize(tenant, model.name))
         asked = choose_priority(meta.priority, body_priority)
         return asked if tenant is None else asked.capped_at(tenant.tier)
@@ -263,6 +344,7 @@ class Ingress:
     async def _run(
         self,
         model: str,
+        version: Version,
         priority: Priority,
         job: Any,
         estimate: int,
@@ -270,23 +352,61 @@ class Ingress:
         tenant: Tenant | None,
     ) -> Any:
         """Charge the tenant, queue the job, wait for its outcome; the tenant pays for the
-        tokens the model counted, none for a job that failed."""
+        tokens the model counted, none for a job that failed. Then, maybe, a shadow copy."""
         note_request(priority=priority.label, items=len(job))
         charge = self._guard(lambda: self.access.hold(tenant, estimate))
         admission = self.config.ingress.admission.of(priority.label)
         timeout_s = meta.timeout_s if meta.timeout_s is not None else admission.timeout_s
-        with charge.refunded_on_failure():
-            outcome = await self._submit(model, priority, job, timeout_s)
+        table = self.catalog.table(model)
+        started = time.monotonic()
+        with charge.refunded_on_failure(), self._judged(table, version, started):
+            outcome = await self._submit(version, priority, job, timeout_s)
             if isinstance(outcome, Rejection):
                 raise rejection_error(outcome)
         charge.settle(sum(outcome.token_counts))
+
+        async def run(target: Version) -> Any:
+            copy = dataclasses.replace(job, job_id=uuid.uuid4().hex)
+            return await self._submit(target, Priority.BATCH, copy, SHADOW_TIMEOUT_S)
+
+        compare = _compare_embeddings if isinstance(job, EmbedJob) else _compare_rerank
+        self.shadows.maybe_send(table, version, outcome, time.monotonic() - started, run, compare)
         return outcome
 
-    async def _submit(self, model: str, priority: Priority, job: Any, timeout_s: float) -> Any:
-        queues = self._clients[model].queues
+    @contextlib.contextmanager
+    def _judged(self, table: ModelVersions, version: Version, started: float) -> Iterator[None]:
+        """Tells the canary guard how the version answered: a server-side failure (5xx)
+        counts against it, a client's own mistake (4xx) does not."""
         try:
-            self._report_depth(model, priority)
-            return await queues.submit(priority, job, loop_deadline(timeout_s))
+            yield
+        except TributaryError as exc:
+            if exc.status >= 500:
+                self._note_answer(table, version, False, time.monotonic() - started)
+            raise
+        except Exception:
+            self._note_answer(table, version, False, time.monotonic() - started)
+            raise
+        self._note_answer(table, version, True, time.monotonic() - started)
+
+    def _note_answer(
+        self, table: ModelVersions, version: Version, ok: bool, seconds: float
+    ) -> None:
+        trip = table.record(version.label, ok, seconds)
+        if trip is not None:
+            logger.warning("model %s: canary %s stopped: %s", table.name, trip.version, trip.detail)
+            self.observer.metrics.canary_tripped(table.name, trip.version, trip.reason)
+            for label, share in _shares(table).items():
+                self.observer.metrics.traffic_weight(table.name, label, share)
+
+    async def _submit(
+        self, version: Version, priority: Priority, job: Any, timeout_s: float
+    ) -> Any:
+        client = version.client
+        assert client is not None
+        model = client.name
+        try:
+            self._report_depth(client, priority)
+            return await client.queues.submit(priority, job, loop_deadline(timeout_s))
         except Refused as exc:
             refusal = exc.refusal
             verb = "is shedding" if refusal.reason == "shed" else "has a full queue for"
@@ -305,11 +425,11 @@ class Ingress:
             ) from None
         finally:
             # Set as requests come and go: no timer to run, and fresh whenever it moves.
-            self._report_depth(model, priority)
+            self._report_depth(client, priority)
 
-    def _report_depth(self, model: str, priority: Priority) -> None:
-        depth = self._clients[model].queues.queued_items()[priority]
-        self.observer.metrics.queue_depth(model, priority.label, depth)
+    def _report_depth(self, client: ModelClient, priority: Priority) -> None:
+        depth = client.queues.queued_items()[priority]
+        self.observer.metrics.queue_depth(client.name, priority.label, depth)
 
     def authenticate(self, meta: RequestMeta) -> Tenant | None:
         tenant: Tenant | None = None
@@ -329,27 +449,10 @@ class Ingress:
             raise _access_error(exc) from None
 
     async def stats(self) -> dict[str, Any]:
-        """This ingress replica's queues per model and class, and one model replica's
-        batch counters."""
-        # Every model replica at once: a poller's answer should not wait for each in turn.
-        names = list(self._clients)
-        replicas = await asyncio.gather(*(self._clients[name].info() for name in names))
-        models: dict[str, Any] = {}
-        for name, replica in zip(names, replicas, strict=True):
-            ingress = self._clients[name].queues.stats()
-            models[name] = {
-                "classes": batching_classes(self.observer, name, ingress, replica),
-                "ingress": ingress,
-                "replica": replica,
-            }
-        names = list(self._generators)
-        infos = await asyncio.gather(*(self._generators[n].info.remote() for n in names))
-        for name, info in zip(names, infos, strict=True):
-            models[name] = {
-                "classes": generation_classes(self.observer, name, info),
-                "replica": info,
-            }
-        return {"models": models, "access_denied": dict(self._denied)}
+        """Per model: this ingress replica's queues, one replica's counters of each
+        version, the split, shadow agreement and the guard (stats_gather.py)."""
+        stats = await gather_stats(self.catalog, self.observer, self.shadows)
+        return {**stats, "access_denied": dict(self._denied)}
 
 
 def _access_error(exc: AccessDenied) -> TributaryError:
@@ -382,6 +485,26 @@ def _http_host() -> str | None:
         return None
 
 
-def _alive_probe(handle: Any) -> Callable[[], Awaitable[Any]]:
-    # A function, not a lambda in the comprehension: each probe keeps its own handle.
-    return lambda: handle.engine_alive.remote()
+def _serve_app_handle(app: str) -> Any:
+    from ray import serve
+
+    return serve.get_app_handle(app)
+
+
+def _headers(priority: Priority, version: Version) -> dict[str, str]:
+    return {"X-Priority": priority.label, "X-Model-Version": version.label}
+
+
+def _shares(table: ModelVersions) -> dict[str, float]:
+    weights = dict(table.weights())
+    total = sum(weights.values()) or 1.0
+    return {label: weight / total for label, weight in weights.items()}
+
+
+def _compare_embeddings(primary: EmbedResult, shadow: EmbedResult) -> dict[str, float]:
+    return {"cosine": embedding_agreement(primary.vectors, shadow.vectors)}
+
+
+def _compare_rerank(primary: RerankResult, shadow: RerankResult) -> dict[str, float]:
+    a, b = list(primary.raw), list(shadow.raw)
+    return {"top1": top1_agreement(a, b), "rank_correlation": rank_correlation(a, b)}

@@ -13,6 +13,8 @@ from deployments.errors import InvalidRequest
 PRIORITY_HEADER = "x-priority"
 TIMEOUT_HEADER = "x-request-timeout"
 REQUEST_ID_HEADER = "x-request-id"
+VERSION_HEADER = "x-model-version"
+SESSION_HEADER = "x-session-id"
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,8 @@ class RequestMeta:
     priority: Priority | None  # as asked in the header; None = not given
     timeout_s: float | None  # as asked in the header; None = the class default
     authorization: str | None
+    version: str | None = None  # X-Model-Version: pins the model's version
+    session: str | None = None  # X-Session-ID: keeps a session on one version
 
 
 def read_meta(headers: Mapping[str, str], max_timeout_s: float) -> RequestMeta:
@@ -30,7 +34,13 @@ def read_meta(headers: Mapping[str, str], max_timeout_s: float) -> RequestMeta:
         priority=_priority(headers.get(PRIORITY_HEADER), "X-Priority"),
         timeout_s=_timeout(headers.get(TIMEOUT_HEADER), max_timeout_s),
         authorization=headers.get("authorization"),
+        version=_capped(headers.get(VERSION_HEADER)),
+        session=_capped(headers.get(SESSION_HEADER)),
     )
+
+
+def _capped(value: str | None) -> str | None:
+    return value[:128] if value else None
 
 
 def choose_priority(header: Priority | None, body: str | None) -> Priority:

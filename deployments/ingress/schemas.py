@@ -61,7 +61,9 @@ class EmbeddingRequest(ApiModel):
         description="Keep the first N components and re-normalise to unit length; at most "
         "the model's own size (400).",
     )
-    user: StrictStr | None = Field(None, description="Accepted for OpenAI compatibility; unused.")
+    user: StrictStr | None = Field(
+        None, description="End-user id; keeps that user on one model version (sticky)."
+    )
     priority: Literal["realtime", "normal", "batch"] | None = Field(
         None,
         description="Priority class (same as the X-Priority header); capped by the API "

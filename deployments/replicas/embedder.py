@@ -58,6 +58,10 @@ class Embedder(BatchedReplica):
             threads,
         )
 
+    def model_config(self) -> dict[str, Any]:
+        """What the ingress needs of a version served by an application of its own."""
+        return {"task": "embedding", "config": self.config.model_dump(mode="json")}
+
     def info(self) -> dict[str, Any]:
         return {
             **self.batching_info(),

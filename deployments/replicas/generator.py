@@ -176,6 +176,10 @@ class Generator:
             async for event in run:
                 yield event
 
+    def model_config(self) -> dict[str, Any]:
+        """What the ingress needs of a version served by an application of its own."""
+        return {"task": "generation", "config": self.config.model_dump(mode="json")}
+
     def info(self) -> dict[str, Any]:
         return {
             "pid": os.getpid(),

@@ -77,6 +77,10 @@ class Reranker(BatchedReplica):
             threads,
         )
 
+    def model_config(self) -> dict[str, Any]:
+        """What the ingress needs of a version served by an application of its own."""
+        return {"task": "rerank", "config": self.config.model_dump(mode="json")}
+
     def info(self) -> dict[str, Any]:
         return {
             **self.batching_info(),

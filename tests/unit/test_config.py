@@ -38,10 +38,27 @@ def test_an_unknown_key_is_rejected_not_ignored() -> None:
     assert "max_batch_sise" in str(excinfo.value)
 
 
-def test_model_names_must_be_unique() -> None:
+def test_a_model_version_is_listed_once() -> None:
     args = default_args()
     args["embedding_models"].append(dict(args["embedding_models"][0]))
-    with pytest.raises(ValidationError, match="duplicate model name"):
+    with pytest.raises(ValidationError, match="version '1' is listed twice"):
+        AppConfig.model_validate(args)
+
+
+def test_a_name_may_have_several_versions_of_one_task_only() -> None:
+    args = default_args()
+    second = {**args["embedding_models"][0], "version": "2"}
+    args["embedding_models"].append(second)
+    assert len(AppConfig.model_validate(args).embedding_models) == 2
+    args["rerank_models"][0]["name"] = second["name"]
+    with pytest.raises(ValidationError, match="names models of two tasks"):
+        AppConfig.model_validate(args)
+
+
+def test_a_model_name_cannot_hold_the_pin_separator() -> None:
+    args = default_args()
+    args["embedding_models"][0]["name"] = "minilm@2"
+    with pytest.raises(ValidationError, match="name"):
         AppConfig.model_validate(args)
 
 

@@ -23,6 +23,7 @@ RANKS: dict[str, tuple[int, str]] = {
     "deployments.config": (2, "shared"),
     "deployments.config_base": (2, "shared"),
     "deployments.config_generation": (2, "shared"),
+    "deployments.config_traffic": (2, "shared"),
     "deployments.serve_options": (2, "shared"),
     "deployments.errors": (2, "shared"),
     "deployments.metrics": (2, "shared"),

@@ -53,6 +53,10 @@ def test_every_record_carries_exactly_its_series_labels(
     metrics.inter_token("llm", 0.02)
     metrics.sequences("llm", running=5, waiting=2)
     metrics.output_tokens("llm", "normal", 17)
+    metrics.traffic_weight("m", "2", 0.1)
+    metrics.shadow_compared("m", "2", {"cosine": 0.999}, 1.2)
+    metrics.shadow_not_compared("m", "2", "dropped")
+    metrics.canary_tripped("m", "2", "p99")
     assert {s.name for s, _, _ in recorder.records} == {s.name for s in SERIES}
     for series, _, labels in recorder.records:
         assert tuple(labels) == series.labels, series.name
