@@ -101,6 +101,24 @@ def running_server(
         raise RuntimeError(f"processes outlived Ctrl-C: {sorted(leftovers)}")
 
 
+def deploy(server: Server, config: dict, path: Path, timeout_s: float = 120) -> None:
+    """`serve deploy` of a whole config onto the running server, as an operator would;
+    raises with the CLI's output if it refuses."""
+    path.write_text(yaml.safe_dump(config))
+    serve_cli = Path(sys.executable).with_name("serve")
+    deployed = subprocess.run(
+        [str(serve_cli), "deploy", str(path), "--address", server.dashboard_url()],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        # The local Ray instance has token auth on; the CLI sends the token only in
+        # token mode (it reads ~/.ray/auth_token, which that instance wrote).
+        env={**os.environ, "RAY_AUTH_MODE": "token"},
+    )
+    if deployed.returncode != 0:
+        raise RuntimeError(f"serve deploy failed:\n{deployed.stdout}{deployed.stderr}")
+
+
 def wait_until_healthy(server: Server, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -5,15 +5,13 @@ restarts its replicas: Serve's heavyweight update.)"""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import yaml
 
+from bench.server import deploy
 from tests.serve.conftest import AUTH, STRICT_MODEL, Server
 
 
@@ -33,20 +31,7 @@ def test_serve_deploy_changes_batching_without_restarting_the_replica(
     config["applications"][0]["deployments"] = [
         {"name": f"embed-{STRICT_MODEL}", "user_config": batching}
     ]
-    new_config = tmp_path / "reconfigured.yaml"
-    new_config.write_text(yaml.safe_dump(config))
-
-    serve_cli = Path(sys.executable).with_name("serve")
-    deployed = subprocess.run(
-        [str(serve_cli), "deploy", str(new_config), "--address", server.dashboard_url()],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        # The local Ray instance has token auth on; the CLI sends the token only in
-        # token mode (it reads ~/.ray/auth_token, which that instance wrote).
-        env={**os.environ, "RAY_AUTH_MODE": "token"},
-    )
-    assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+    deploy(server, config, tmp_path / "reconfigured.yaml")
 
     deadline = time.monotonic() + 90
     after = replica_info(server)
