@@ -228,6 +228,7 @@ def run_rollout(
         "steps": summarise(load.answers, [n for n, _ in steps]),
         "pids_before": pids_before,
         "pids_after": pids_after,
+        "restarted": sorted(restarted),
         "failures": sum(1 for a in load.answers if a.status != 200),
         "requests": len(load.answers),
     }
