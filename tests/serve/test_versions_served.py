@@ -90,9 +90,10 @@ def test_a_canary_splits_by_weight_pins_and_reports_shadow_agreement(
 
     sessions = [f"session-{i}" for i in range(1000)]
     seen = asyncio.run(_versions_seen(server, sessions))
-    expected = Counter(
-        choose_version(MODEL, [("1", 50.0), ("2", 50.0)], f"session:{s}") for s in sessions
-    )
+    listed = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"]
+    order = next(m for m in listed if m["id"] == MODEL)["versions"]  # the split's order
+    weights = [(v["version"], 50.0) for v in order]
+    expected = Counter(choose_version(MODEL, weights, f"session:{s}") for s in sessions)
     assert Counter(seen.values()) == expected  # sticky: each session where its hash says
     assert abs(expected["1"] / 1000 - 0.5) <= 0.03
 
