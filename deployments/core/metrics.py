@@ -95,7 +95,7 @@ REQUEST_LATENCY = Series(
     "tributary_request_latency_seconds",
     Kind.HISTOGRAM,
     "Time at the ingress from a parsed request to its answer, answered requests only.",
-    MODEL_CLASS,
+    ("model", "model_version", "priority"),
     SECONDS_BUCKETS,
 )
 QUEUE_WAIT = Series(
@@ -183,7 +183,7 @@ REJECTIONS = Series(
     Kind.COUNTER,
     "Requests answered without a result, by reason: rate_limit, shed, queue_full, "
     "deadline, client_gone.",
-    (*MODEL_CLASS, "reason"),
+    ("model", "model_version", "priority", "reason"),
 )
 DROPPED_ITEMS = Series(
     "tributary_dropped_items",
@@ -367,10 +367,14 @@ class TributaryMetrics:
             REQUESTS, 1, model=model, model_version=version, priority=priority, status=str(status)
         )
         if status < 400:
-            self._put(REQUEST_LATENCY, latency_s, model=model, priority=priority)
+            self._put(
+                REQUEST_LATENCY, latency_s, model=model, model_version=version, priority=priority
+            )
         reason = rejection_reason(status, code)
         if reason is not None:
-            self._put(REJECTIONS, 1, model=model, priority=priority, reason=reason)
+            self._put(
+                REJECTIONS, 1, model=model, model_version=version, priority=priority, reason=reason
+            )
 
     def queue_depth(self, model: str, priority: str, items: int) -> None:
         self._put(QUEUE_DEPTH, items, model=model, priority=priority)
