@@ -17,6 +17,7 @@ from deployments.config import (
     RerankModelConfig,
 )
 from deployments.config_traffic import TrafficConfig
+from deployments.errors import NotReady
 from deployments.ingress.replica_watch import ReplicaWatch
 from deployments.ingress.versions import ModelVersions, Version
 
@@ -78,6 +79,16 @@ class Catalog:
             for name, table in self.tables.items()
             if table.task == task and table.base is not None
         }
+
+    def refuse_if_starting(self, name: str | None) -> None:
+        """A model the policy names whose versions' applications do not answer yet is
+        not unknown: it gets a 503 to retry, not a 404."""
+        table = self.tables.get(name or "")
+        if table is not None and table.base is None:
+            raise NotReady(
+                f"Model '{name}' has no version that answers yet (its applications are starting).",
+                retry_after_s=2,
+            )
 
     def table(self, name: str) -> ModelVersions:
         return self.tables[name]

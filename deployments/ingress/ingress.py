@@ -207,6 +207,7 @@ class Ingress:
         """The name a request asked for (without its `@version`), and how to pick its
         version once the name is known to exist."""
         name, pin = (None, None) if asked is None else split_pin(asked)
+        self.catalog.refuse_if_starting(name)
         if meta.version is not None:
             if pin is not None and pin != meta.version:
                 raise InvalidRequest(

@@ -159,6 +159,17 @@ async def test_a_version_in_its_own_application_is_reached_then_takes_traffic(
     assert response.headers["x-model-version"] == "1"
 
 
+async def test_a_model_whose_only_version_is_still_starting_gets_503_not_404(
+    versions: Any,
+) -> None:
+    setup, client = versions
+    policy = {"versions": {"1": {"app": "not-there-yet"}}}
+    await setup.ingress.reconfigure({"models": {"new-model": policy}})
+    response = await client.post("/v1/embeddings", json={"model": "new-model", "input": "x"})
+    assert response.status_code == 503 and response.headers["retry-after"]
+    assert "new-model" not in [m["id"] for m in (await client.get("/v1/models")).json()["data"]]
+
+
 async def test_shadow_copies_are_compared_and_never_answer(versions: Any) -> None:
     setup, client = versions
     policy = {"weights": {"1": 1}, "shadow": {"version": "2", "fraction": 1.0}}
