@@ -40,6 +40,7 @@ class Rows(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
         self.rows: dict[tuple[str, str], dict[str, str]] = {}
+        self.versions: dict[tuple[str, str], dict[str, str]] = {}  # (model, version)
         self.state = ""
         self._row: dict[str, str] | None = None
         self._cell: str | None = None
@@ -49,6 +50,9 @@ class Rows(HTMLParser):
         found = dict(attrs)
         if tag == "tr" and found.get("data-model"):
             self._row = self.rows[(found["data-model"] or "", found["data-class"] or "")] = {}
+        elif tag == "tr" and found.get("data-version-of"):
+            key = (found["data-version-of"] or "", found.get("data-version") or "")
+            self._row = self.versions[key] = {}
         elif tag == "td" and self._row is not None:
             self._cell = found.get("class") or ""
         self._in_state = tag == "p" and found.get("id") == "state"
@@ -132,3 +136,6 @@ def test_the_status_page_renders_live_figures_in_a_browser(server: Server, tmp_p
     classes = ("realtime", "normal", "batch")
     assert {(MODEL, c) for c in classes} <= set(rows.rows)
     assert {("tiny-llama-demo", c) for c in classes} <= set(rows.rows)
+    # The versions table: each model's one version, ready, with all of its traffic.
+    version = rows.versions[(MODEL, "1")]
+    assert version["state"] == "ready" and version["share"] == "100.0 %"
