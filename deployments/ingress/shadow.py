@@ -119,7 +119,15 @@ class ShadowCopies:
         finally:
             table.shadow_in_flight -= 1
         latency_ratio = (time.monotonic() - started) / max(primary_latency_s, 1e-6)
-        agreements = compare(primary, shadow)
+        try:
+            agreements = compare(primary, shadow)
+        except Exception as exc:  # answers of another shape: counted, never raised
+            tally.failed += 1
+            self.metrics.shadow_not_compared(table.name, target.label, "failed")
+            logger.warning(
+                "shadow answer of %s@%s not comparable: %r", table.name, target.label, exc
+            )
+            return
         tally.add(agreements)
         self.metrics.shadow_compared(table.name, target.label, agreements, latency_ratio)
         if table.guard is not None and agreements:
