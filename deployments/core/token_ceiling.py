@@ -132,3 +132,23 @@ def probe_ceiling(
         tokens = start_tokens
         why = f"{stop}; the budget is below one window: one window per pass"
     return TokenCeiling(tokens, allowed_bytes, base, per_token, tuple(points), why)
+
+
+def gpu_allowance(
+    free_bytes: int,
+    cached_bytes: int,
+    fraction: float,
+    fence_room_bytes: int | None = None,
+    budget_bytes: int | None = None,
+) -> tuple[int, str]:
+    """What a GPU probe may use, and why: `fraction` of the memory free for this process
+    (the card's free memory plus what torch holds cached but unused, which it reuses
+    first), never more than the room under a `gpu_memory_fraction` fence or a configured
+    budget."""
+    allowed = int(fraction * (free_bytes + cached_bytes))
+    why = f"{fraction:g} of free device memory"
+    if fence_room_bytes is not None and fence_room_bytes < allowed:
+        allowed, why = max(fence_room_bytes, 0), "room under gpu_memory_fraction"
+    if budget_bytes is not None and budget_bytes < allowed:
+        allowed, why = budget_bytes, "memory_budget_mib"
+    return allowed, why

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deployments.core.token_ceiling import ProbePoint, fit_line, probe_ceiling
+from deployments.core.token_ceiling import ProbePoint, fit_line, gpu_allowance, probe_ceiling
 
 WINDOW = 256
 MIB = 2**20
@@ -111,3 +111,17 @@ def test_the_fit_never_has_a_negative_base_or_slope() -> None:
     points = [ProbePoint(256, 0), ProbePoint(512, 4_000_000), ProbePoint(1024, 12_000_000)]
     base, per_token = fit_line(points)
     assert base == 0 and per_token == pytest.approx(12_000_000 / 1024)
+
+
+def test_the_gpu_allowance_takes_the_tightest_bound() -> None:
+    assert gpu_allowance(1000 * MIB, 0, 0.8) == (800 * MIB, "0.8 of free device memory")
+    # Torch's cached but unused blocks count as free: it reuses them first.
+    assert gpu_allowance(1000 * MIB, 1000 * MIB, 0.5)[0] == 1000 * MIB
+    assert gpu_allowance(1000 * MIB, 0, 0.8, fence_room_bytes=300 * MIB) == (
+        300 * MIB,
+        "room under gpu_memory_fraction",
+    )
+    assert gpu_allowance(1000 * MIB, 0, 0.8, 300 * MIB, budget_bytes=100 * MIB) == (
+        100 * MIB,
+        "memory_budget_mib",
+    )
