@@ -92,7 +92,10 @@ def probe_ceiling(
     the rows. A pass that raises a memory fault (`is_fault`) ends the probe, and the
     ceiling stays below the size that failed."""
     points: list[ProbePoint] = []
-    size = max(start_tokens, 1)
+    size = start_tokens = max(start_tokens, 1)
+    # Whole rows only: the replica runs `size // start_tokens` full rows, so a size that is
+    # not a multiple would be recorded larger than the pass that was measured.
+    top = max(max_tokens // start_tokens, 1) * start_tokens
     failed_at: int | None = None
     stop = "reached the largest configured budget"
     for _ in range(MAX_STEPS):
@@ -113,9 +116,9 @@ def probe_ceiling(
         if peak > allowed_bytes:
             stop = f"a pass of {size} tokens passed the allowed bytes"
             break
-        if size >= max_tokens:
+        if size >= top:
             break
-        size = min(size * 2, max_tokens)
+        size = min(size * 2, top)
     base, per_token = fit_line(points)
     if per_token <= 0:
         return TokenCeiling(

@@ -58,6 +58,15 @@ def test_the_probe_stops_at_the_largest_configured_budget() -> None:
     assert "largest configured budget" in result.why
 
 
+def test_every_probed_size_is_whole_rows() -> None:
+    device = FakeDevice()
+    probe_ceiling(device, 10_000 * MIB, WINDOW, max_tokens=1000)
+    assert device.sizes == [256, 512, 768]
+    small = FakeDevice()
+    probe_ceiling(small, 10_000 * MIB, WINDOW, max_tokens=128)  # one item runs anyway
+    assert small.sizes == [256]
+
+
 def test_the_ceiling_grows_with_the_allowed_bytes() -> None:
     ceilings = []
     for mib in (50, 100, 200, 400, 800, 1600):
