@@ -37,6 +37,11 @@ from deployments.replicas.memory import is_memory_fault, release_cached_memory
 logger = logging.getLogger("ray.serve")
 
 MIB = 2**20
+# The share of the allowed bytes the ceiling's predicted pass may use. torch's CUDA counters
+# are exact; the same pass's peak RSS moved by about 10 % between runs and 15 % between
+# processes here (docs/operations.md, "Memory budgets"), so a CPU ceiling keeps more slack.
+GPU_MARGIN = 0.9
+CPU_MARGIN = 0.8
 _PROC = Path("/proc/self")
 
 
@@ -152,7 +157,12 @@ class DeviceMemory:
             self.settle()
         try:
             return probe_ceiling(
-                measure, allowed_bytes, window, max_tokens, is_fault=is_memory_fault
+                measure,
+                allowed_bytes,
+                window,
+                max_tokens,
+                margin=GPU_MARGIN if self.cuda else CPU_MARGIN,
+                is_fault=is_memory_fault,
             )
         finally:
             # The probe's largest pass leaves cached blocks behind; serving reuses them,
