@@ -69,6 +69,23 @@ class EncoderModelConfig(ModelDeploymentConfig):
         "pass beyond it fails in the allocator and is split and retried instead of the "
         "kernel ending the replica. None = no limit.",
     )
+    memory_budget_mib: int | None = Field(
+        None,
+        ge=1,
+        description="Memory one forward pass may add beyond the loaded model: at warm-up "
+        "the replica measures passes of growing size and caps every class's "
+        "max_batch_tokens where a pass would reach this budget (docs/operations.md, "
+        "'Memory budgets'). On a GPU it bounds the probe's fraction too. None = on a CPU "
+        "no ceiling from memory.",
+    )
+    probe_memory_fraction: float | None = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="On a GPU: at warm-up, probe passes up to this fraction of the free "
+        "device memory and cap every class's max_batch_tokens at what fits in it. Ignored "
+        "on a CPU. None = no probe.",
+    )
 
     @model_validator(mode="after")
     def _fp16_needs_a_gpu(self) -> EncoderModelConfig:

@@ -50,6 +50,10 @@ class BatchTuner:
     def arrived(self, name: str, items: int) -> None:
         self._arrivals[name].add(items)
 
+    def set_memory_ceiling(self, tokens: int | None) -> None:
+        """The padded tokens the warm-up probe measured room for: no plan goes above it."""
+        self.backoff.ceiling = tokens
+
     def memory_fault(self, padded_tokens: int) -> None:
         """A pass of `padded_tokens` ran out of memory: every class's budget halves."""
         self.backoff.fault(padded_tokens)
@@ -73,10 +77,12 @@ class BatchTuner:
 
     def plans(self) -> dict[str, BatchPlan]:
         plans = self._plans()
-        cap = self.backoff.cap
+        cap = self.backoff.limit()
         if cap is not None:
+            # The fault's cap when there is one (it is never above the ceiling).
+            reason = "memory backoff" if self.backoff.cap is not None else "memory ceiling"
             plans = {
-                name: replace(plan, max_batch_tokens=cap, why=f"{plan.why}, memory backoff")
+                name: replace(plan, max_batch_tokens=cap, why=f"{plan.why}, {reason}")
                 if plan.max_batch_tokens > cap
                 else plan
                 for name, plan in plans.items()

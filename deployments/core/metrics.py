@@ -172,6 +172,26 @@ MEMORY_FAULTS = Series(
     "413 (failed_alone).",
     ("model", "event"),
 )
+DEVICE_MEMORY = Series(
+    "tributary_device_memory_bytes",
+    Kind.GAUGE,
+    "A model replica's device memory by kind: total and free of the device (the GPU, or the "
+    "machine's memory on a CPU) and process (torch's allocation on a GPU, the RSS on a CPU).",
+    ("model", "kind"),
+)
+DEVICE_UTILIZATION = Series(
+    "tributary_device_utilization_percent",
+    Kind.GAUGE,
+    "A model replica's GPU busy percent as NVML samples it; absent on a CPU or without pynvml.",
+    ("model",),
+)
+TOKEN_CEILING = Series(
+    "tributary_token_ceiling",
+    Kind.GAUGE,
+    "Padded tokens one forward pass may hold by the replica's memory, measured at warm-up "
+    "(memory_budget_mib, probe_memory_fraction); absent when memory bounds nothing.",
+    ("model",),
+)
 QUEUE_DEPTH = Series(
     "tributary_queue_depth",
     Kind.GAUGE,
@@ -285,6 +305,9 @@ SERIES: tuple[Series, ...] = (
     BATCH_WAIT,
     COST_MODEL,
     MEMORY_FAULTS,
+    DEVICE_MEMORY,
+    DEVICE_UTILIZATION,
+    TOKEN_CEILING,
     QUEUE_DEPTH,
     REJECTIONS,
     DROPPED_ITEMS,
@@ -409,6 +432,21 @@ class TributaryMetrics:
     def memory_faults(self, model: str, event: str, count: int) -> None:
         if count:
             self._put(MEMORY_FAULTS, count, model=model, event=event)
+
+    def device(
+        self,
+        model: str,
+        bytes_by_kind: Mapping[str, int | None],
+        utilization_percent: float | None,
+        token_ceiling: int | None,
+    ) -> None:
+        for kind, value in bytes_by_kind.items():
+            if value is not None:
+                self._put(DEVICE_MEMORY, value, model=model, kind=kind)
+        if utilization_percent is not None:
+            self._put(DEVICE_UTILIZATION, utilization_percent, model=model)
+        if token_ceiling is not None:
+            self._put(TOKEN_CEILING, token_ceiling, model=model)
 
     def items_dropped(self, model: str, priority: str, reason: str, count: int) -> None:
         self._put(DROPPED_ITEMS, count, model=model, priority=priority, reason=reason)

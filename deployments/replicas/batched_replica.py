@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -43,6 +44,7 @@ from deployments.replicas.batched_jobs import (
     run_jobs,
     split_live,
 )
+from deployments.replicas.device_memory import DeviceMemory
 from deployments.replicas.memory import (
     apply_memory_fence,
     apply_memory_limit,
@@ -51,6 +53,10 @@ from deployments.replicas.memory import (
 )
 
 logger = logging.getLogger("ray.serve")
+
+# The device's gauges are read at most this often on the pass path (mem_get_info is a
+# device call; a figure a second old is fresh enough for a dashboard).
+DEVICE_EVERY_S = 1.0
 
 
 class BatchedReplica:
@@ -97,12 +103,61 @@ class BatchedReplica:
             "failed_alone": 0,
             "fence": None,
             "limit": None,
+            "probe": None,
         }
+        # Replaced by `_fence_memory` with the replica's real device.
+        self.device_memory = DeviceMemory("cpu")
+        self._device_read = 0.0
         return threads
 
     def _fence_memory(self, device: str, config: Any) -> None:
         """Before the model loads: the GPU share this process may take, if configured."""
+        self.device_memory = DeviceMemory(device)
         self._memory["fence"] = apply_memory_fence(device, config.gpu_memory_fraction)
+
+    def _budget_memory(self, config: Any, run_rows: Callable[[int], object], window: int) -> None:
+        """After the warm-up batch: passes of growing size (`run_rows(rows)` runs `rows`
+        full rows of `window` padded tokens) until the memory the config allows, and
+        every class's token budget capped at what fits (core/token_ceiling.py)."""
+        allowance = self.device_memory.allowance(
+            config.probe_memory_fraction, config.memory_budget_mib, config.gpu_memory_fraction
+        )
+        if allowance is not None:
+            largest = max(self.batching.of(p.label).max_batch_tokens for p in ALL_PRIORITIES)
+            started = time.monotonic()
+            ceiling = self._executor.submit(
+                self.device_memory.probe, run_rows, window, largest, allowance[0]
+            ).result()
+            self._memory["probe"] = {
+                **ceiling.report(),
+                "allowed_from": allowance[1],
+                "seconds": round(time.monotonic() - started, 3),
+            }
+            self.tuner.set_memory_ceiling(ceiling.tokens)
+            self._apply_plans()
+            logger.info(
+                "%s: memory probe over %s padded tokens: ceiling %s tokens (%s)",
+                config.name,
+                [p.padded_tokens for p in ceiling.points],
+                ceiling.tokens,
+                ceiling.why,
+            )
+        self._read_device(force=True)
+
+    def _read_device(self, force: bool = False) -> dict[str, Any] | None:
+        """The device's figures into the gauges, at most every DEVICE_EVERY_S unless forced."""
+        now = time.monotonic()
+        if not force and now - self._device_read < DEVICE_EVERY_S:
+            return None
+        self._device_read = now
+        snapshot = self.device_memory.snapshot()
+        self.metrics.device(
+            self.config.name,
+            {k: snapshot.get(f"{k}_bytes") for k in ("total", "free", "process")},
+            snapshot.get("utilization_percent"),
+            self.tuner.backoff.ceiling,
+        )
+        return snapshot
 
     def _limit_memory(self, config: Any) -> None:
         """After warm-up: the address space the replica may still add, if configured."""
@@ -168,7 +223,12 @@ class BatchedReplica:
             **self.tuner.report(),
             "plans": {p.label: plan.report() for p, plan in self._plans.items()},
             "jobs_in_progress": len(self._live),
-            "memory": {**self._memory, "token_cap": self.tuner.backoff.cap},
+            "memory": {
+                **self._memory,
+                "token_cap": self.tuner.backoff.cap,
+                "token_ceiling": self.tuner.backoff.ceiling,
+                "device": self._read_device(force=True),
+            },
             "recent_drops": list(self._recent_drops),
         }
 
@@ -292,6 +352,7 @@ class BatchedReplica:
         fit = self.tuner.cost.current
         if fit is not None:
             self.metrics.cost_model(self.config.name, fit)
+        self._read_device()
 
     def _note_drops(
         self, priority: Priority, marks: list[Dropped | None], items: list[Any]

@@ -48,6 +48,12 @@ class Embedder(BatchedReplica):
         # pay for lazy initialisation.
         warm = [self.backend.window.wrap(ids)[0] for ids in self.backend.tokenize(WARMUP_TEXTS)]
         self._executor.submit(self.backend.embed, warm).result()
+        # Full-window rows: per padded token the costliest shape (attention grows with
+        # the row's length), so the ceiling holds for any batch of that many tokens.
+        window = self.backend.window
+        (ids,) = self.backend.tokenize([WARMUP_TEXTS[1]])
+        row = window.wrap(ids * (window.max_body // len(ids) + 1))[0]
+        self._budget_memory(config, lambda rows: self.backend.embed([row] * rows), len(row))
         self._limit_memory(config)
         self._warm = True
         logger.info(

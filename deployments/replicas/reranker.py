@@ -56,6 +56,14 @@ class Reranker(BatchedReplica):
         # A real batch before the replica reports ready.
         query, *docs = self.backend.tokenize([WARMUP.query, *WARMUP.documents])
         self._executor.submit(self.backend.score, [(query, doc) for doc in docs]).result()
+        # Pairs that fill the window: the costliest shape per padded token.
+        body = docs[-1] * (self.backend.max_tokens // len(docs[-1]) + 1)
+        pair = (query, body[: self.backend.doc_room(len(query))])
+        self._budget_memory(
+            config,
+            lambda rows: self.backend.score([pair] * rows),
+            self.backend.pair_tokens(len(pair[0]), len(pair[1])),
+        )
         self._limit_memory(config)
         self._warm = True
         if self.backend.max_tokens != config.window_tokens:

@@ -1,10 +1,11 @@
 """Starts the real application once per session, through `python -m deployments.launch`
 (what `make serve` runs), on a config derived from serve_config.yaml with a free port, a
-second, strict copy of MiniLM (`truncate: false`, `accept_token_ids: true`), a third under a
-tight memory limit, the demo LLM a second time on the static engine, API keys for three
-tenants and a small batch-class queue (so a flood is quick to make), and a small
-cross-encoder reranker built into a temporary directory at session start. Stops it with
-Ctrl-C, as a user would; the fixture fails if any process it started outlives that."""
+second, strict copy of MiniLM (`truncate: false`, `accept_token_ids: true`, a memory budget
+that its warm-up probe turns into a token ceiling), a third under a tight memory limit, the
+demo LLM a second time on the static engine, API keys for three tenants and a small
+batch-class queue (so a flood is quick to make), and a small cross-encoder reranker built
+into a temporary directory at session start. Stops it with Ctrl-C, as a user would; the
+fixture fails if any process it started outlives that."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ CROSS_MODEL = "tiny-cross-encoder"  # built by the session, random weights
 STATIC_LLM = "tiny-llama-static"  # the default app's demo LLM on the static engine
 FENCED_MODEL = "minilm-fenced"  # MiniLM whose replica runs under a tight memory limit
 FENCED_HEADROOM_MIB = 150
+STRICT_BUDGET_MIB = 200  # the strict MiniLM's memory_budget_mib: its warm-up probes memory
 
 # Test keys, known to the test server only as their digests.
 ADMIN_KEY = "trib-test-admin"  # tier realtime, every model, no rate limit
@@ -59,6 +61,8 @@ def serve_test_config(cross_encoder_dir: Path | None = None) -> dict:
     strict = copy.deepcopy(args["embedding_models"][0])
     # Also the one model that takes token ids (as a client with MiniLM's own tokenizer sends).
     strict.update(name=STRICT_MODEL, truncate=False, torch_threads=1, accept_token_ids=True)
+    # And the one whose token ceiling comes from a memory budget (the warm-up probe).
+    strict["memory_budget_mib"] = STRICT_BUDGET_MIB
     strict["deployment"]["ray_actor_options"]["num_cpus"] = 0.5
     args["embedding_models"].append(strict)
     # Large batches of long texts run out of memory for real in this one (memory faults).

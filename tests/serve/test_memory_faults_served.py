@@ -10,7 +10,14 @@ import asyncio
 import httpx
 import numpy as np
 
-from tests.serve.conftest import AUTH, FENCED_MODEL, MODEL, Server
+from tests.serve.conftest import (
+    AUTH,
+    FENCED_MODEL,
+    MODEL,
+    STRICT_BUDGET_MIB,
+    STRICT_MODEL,
+    Server,
+)
 
 REQUESTS = 48
 
@@ -58,3 +65,28 @@ def test_a_burst_that_runs_out_of_memory_is_answered_in_full(server: Server) -> 
     fenced = responses[0].json()["data"]
     for got, want in zip(fenced, reference, strict=True):
         assert float(np.dot(got["embedding"], want["embedding"])) > 0.9999
+
+
+def test_stats_show_the_device_and_the_ceiling_the_probe_measured(server: Server) -> None:
+    models = httpx.get(f"{server.url}/v1/stats", timeout=30).json()["models"]
+    budgeted = models[STRICT_MODEL]["replica"]
+    memory = budgeted["memory"]
+    probe = memory["probe"]
+    print(f"{STRICT_MODEL} under memory_budget_mib {STRICT_BUDGET_MIB}: {probe}")
+    assert probe["allowed_from"] == "memory_budget_mib"
+    assert probe["allowed_bytes"] == STRICT_BUDGET_MIB * 2**20
+    assert all(peak <= probe["allowed_bytes"] for _, peak in probe["points"]), probe
+    ceiling = memory["token_ceiling"]
+    assert ceiling == probe["token_ceiling"] and 256 <= ceiling < 16384, probe
+    for name, plan in budgeted["plans"].items():
+        assert plan["max_batch_tokens"] <= ceiling, (name, plan)
+        if budgeted["batching"][name]["max_batch_tokens"] > ceiling:  # serve_config's normal
+            assert plan["max_batch_tokens"] == ceiling and "memory ceiling" in plan["why"]
+    device = memory["device"]
+    assert device["kind"] == "cpu" and device["process_measure"] == "rss"
+    assert device["total_bytes"] >= device["free_bytes"] > 0 and device["process_bytes"] > 0
+
+    # No budget on a CPU: no probe and no ceiling, but the device is shown.
+    plain = models[MODEL]["replica"]["memory"]
+    assert plain["probe"] is None and plain["token_ceiling"] is None
+    assert plain["device"]["kind"] == "cpu" and plain["device"]["process_bytes"] > 0

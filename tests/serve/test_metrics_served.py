@@ -16,7 +16,14 @@ import pytest
 
 from deployments.core.metrics import SERIES
 from deployments.metrics import RAY_SERIES_CPU
-from tests.serve.conftest import AUTH, LIMITED_KEY, MODEL, RERANK_MODEL, Server
+from tests.serve.conftest import (
+    AUTH,
+    LIMITED_KEY,
+    MODEL,
+    RERANK_MODEL,
+    STRICT_MODEL,
+    Server,
+)
 
 LLM = "tiny-llama-demo"  # the default app's demo generation model
 
@@ -166,6 +173,28 @@ def test_ray_and_serve_series_the_dashboard_uses_are_exported(
     ours = {n for n in names if n.startswith("ray_tributary_")}
     declared = set().union(*(s.exported_names() for s in SERIES))
     assert ours and ours <= declared
+
+
+def test_device_memory_and_the_token_ceiling_are_exported(
+    server: Server, traffic: dict[str, int]
+) -> None:
+    memory = "ray_tributary_device_memory_bytes"
+    ceiling = "ray_tributary_token_ceiling"
+
+    def ready(samples: list[Sample]) -> bool:
+        return (
+            total(samples, memory, model=MODEL, kind="process") > 0
+            and total(samples, ceiling, model=STRICT_MODEL) > 0
+        )
+
+    samples = wait_for(server, ready)
+    for kind in ("total", "free", "process"):
+        assert total(samples, memory, model=MODEL, kind=kind) > 0, kind
+    # The strict copy has memory_budget_mib (its warm-up probe); MODEL has none.
+    assert 256 <= total(samples, ceiling, model=STRICT_MODEL) < 16384
+    assert total(samples, ceiling, model=MODEL) == 0
+    # No GPU here: no utilisation is exported rather than a made-up one.
+    assert not [n for n, _, _ in samples if n == "ray_tributary_device_utilization_percent"]
 
 
 def test_generation_records_token_timings_sequences_and_output_tokens(server: Server) -> None:

