@@ -8,12 +8,11 @@ with `serve.ingress()`. Tests build the same subclass with fake handles.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -24,31 +23,19 @@ from deployments.config import (
     RerankModelConfig,
 )
 from deployments.core.access import AccessDenied, Tenant, estimate_tokens
-from deployments.core.agreement import (
-    embedding_agreement,
-    exact_match,
-    rank_correlation,
-    top1_agreement,
-)
-from deployments.core.class_queues import Refused, loop_deadline
-from deployments.core.coalescer import DeadlineExpired
 from deployments.core.metrics import TributaryMetrics
 from deployments.core.priority import Priority
 from deployments.core.protocol import (
     EmbedJob,
-    EmbedResult,
     GenerationChunk,
     Rejection,
-    RerankResult,
 )
 from deployments.core.traffic import split_pin
 from deployments.errors import (
-    DeadlineExceeded,
     Forbidden,
     InvalidRequest,
     ModelNotFound,
     NotReady,
-    Overloaded,
     RateLimited,
     TributaryError,
     Unauthorized,
@@ -72,10 +59,15 @@ from deployments.ingress.readiness import engines_problem, serve_readiness
 from deployments.ingress.request_meta import RequestMeta, choose_priority, read_meta
 from deployments.ingress.rerank import rerank_job, rerank_response, rerank_token_estimate
 from deployments.ingress.rerank_schemas import Dialect, parse_rerank_request
-from deployments.ingress.shadow import ShadowCopies
+from deployments.ingress.shadow import (
+    SHADOW_TIMEOUT_S,
+    ShadowCopies,
+    compare_embeddings,
+    compare_rerank,
+)
 from deployments.ingress.stats_gather import gather_stats
 from deployments.ingress.tenants import build_access_control
-from deployments.ingress.versions import ModelVersions, Version
+from deployments.ingress.versions import Version
 from deployments.metrics import build_metrics
 
 T = TypeVar("T")
@@ -84,8 +76,6 @@ logger = logging.getLogger("ray.serve")
 
 
 ReadinessCheck = Callable[[], Awaitable[str | None]]
-# A shadow copy's deadline: it rides at the batch class and nobody waits for it.
-SHADOW_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -137,7 +127,12 @@ class Ingress:
             return
         method = "embed_jobs" if task == "embedding" else "rerank_jobs"
         version.client = ModelClient(
-            name or "model", handle, ingress.admission, ingress.max_group_items, method=method
+            name or "model",
+            handle,
+            ingress.admission,
+            ingress.max_group_items,
+            method=method,
+            metrics=self.observer.metrics,
         )
 
     async def reconfigure(self, user_config: dict[str, Any] | None) -> None:
@@ -145,7 +140,7 @@ class Ingress:
         `serve deploy` that changes it, with no restart."""
         self.catalog.apply(user_config)
         for name, table in self.catalog.tables.items():
-            for version, share in _shares(table).items():
+            for version, share in table.shares().items():
                 self.observer.metrics.traffic_weight(name, version, share)
 
     @property
@@ -292,7 +287,7 @@ class Ingress:
         call = GenerationCall(model.name, version.handle, priority, timeout_s, version.watch)
         table = self.catalog.table(model.name)
         started = time.monotonic()
-        with charge.refunded_on_failure(), self._judged(table, version, started):
+        with charge.refunded_on_failure(), table.judged(version, self.observer.metrics, started):
             first = await call.start(job)
         reply = Reply(chat, model.name)
         headers = _headers(priority, version)
@@ -303,29 +298,11 @@ class Ingress:
 
             events = sse(call, first, reply, request.include_usage, settle)
             return Answer(None, headers, events=events)
-        with charge.refunded_on_failure(), self._judged(table, version, started):
+        with charge.refunded_on_failure(), table.judged(version, self.observer.metrics, started):
             text, last = await collect(call, first)
         charge.settle(last.prompt_tokens + last.completion_tokens)
-        self._shadow_generation(table, version, job, text, time.monotonic() - started)
+        self.shadows.send_generation(table, version, job, text, time.monotonic() - started)
         return Answer(reply.whole(text, last), headers)
-
-    def _shadow_generation(
-        self, table: ModelVersions, version: Version, job: Any, text: str, latency_s: float
-    ) -> None:
-        greedy = job.temperature == 0
-
-        async def run(target: Version) -> str:
-            assert target.watch is not None
-            copy = GenerationCall(
-                table.name, target.handle, Priority.BATCH, SHADOW_TIMEOUT_S, target.watch
-            )
-            first = await copy.start(job)
-            return (await collect(copy, first))[0]
-
-        def compare(primary: str, shadow: str) -> dict[str, float]:
-            return {"exact_match": exact_match(primary, shadow)} if greedy else {}
-
-        self.shadows.maybe_send(table, version, text, latency_s, run, compare)
 
     def _admit(
         self,
@@ -360,77 +337,19 @@ class Ingress:
         timeout_s = meta.timeout_s if meta.timeout_s is not None else admission.timeout_s
         table = self.catalog.table(model)
         started = time.monotonic()
-        with charge.refunded_on_failure(), self._judged(table, version, started):
-            outcome = await self._submit(version, priority, job, timeout_s)
+        with charge.refunded_on_failure(), table.judged(version, self.observer.metrics, started):
+            outcome = await _client_of(version).submit(priority, job, timeout_s)
             if isinstance(outcome, Rejection):
                 raise rejection_error(outcome)
         charge.settle(sum(outcome.token_counts))
 
         async def run(target: Version) -> Any:
             copy = dataclasses.replace(job, job_id=uuid.uuid4().hex)
-            return await self._submit(target, Priority.BATCH, copy, SHADOW_TIMEOUT_S)
+            return await _client_of(target).submit(Priority.BATCH, copy, SHADOW_TIMEOUT_S)
 
-        compare = _compare_embeddings if isinstance(job, EmbedJob) else _compare_rerank
+        compare = compare_embeddings if isinstance(job, EmbedJob) else compare_rerank
         self.shadows.maybe_send(table, version, outcome, time.monotonic() - started, run, compare)
         return outcome
-
-    @contextlib.contextmanager
-    def _judged(self, table: ModelVersions, version: Version, started: float) -> Iterator[None]:
-        """Tells the canary guard how the version answered: a server-side failure (5xx)
-        counts against it, a client's own mistake (4xx) does not."""
-        try:
-            yield
-        except TributaryError as exc:
-            if exc.status >= 500:
-                self._note_answer(table, version, False, time.monotonic() - started)
-            raise
-        except Exception:
-            self._note_answer(table, version, False, time.monotonic() - started)
-            raise
-        self._note_answer(table, version, True, time.monotonic() - started)
-
-    def _note_answer(
-        self, table: ModelVersions, version: Version, ok: bool, seconds: float
-    ) -> None:
-        trip = table.record(version.label, ok, seconds)
-        if trip is not None:
-            logger.warning("model %s: canary %s stopped: %s", table.name, trip.version, trip.detail)
-            self.observer.metrics.canary_tripped(table.name, trip.version, trip.reason)
-            for label, share in _shares(table).items():
-                self.observer.metrics.traffic_weight(table.name, label, share)
-
-    async def _submit(
-        self, version: Version, priority: Priority, job: Any, timeout_s: float
-    ) -> Any:
-        client = version.client
-        assert client is not None
-        model = client.name
-        try:
-            self._report_depth(client, priority)
-            return await client.queues.submit(priority, job, loop_deadline(timeout_s))
-        except Refused as exc:
-            refusal = exc.refusal
-            verb = "is shedding" if refusal.reason == "shed" else "has a full queue for"
-            raise Overloaded(
-                f"Model '{model}' {verb} {priority.label}-class requests "
-                f"({refusal.queued_items} inputs waiting, limit {refusal.limit}); "
-                f"retry after {refusal.retry_after_s} s.",
-                retry_after_s=refusal.retry_after_s,
-                status=refusal.status,
-                code="load_shed" if refusal.reason == "shed" else "queue_full",
-            ) from None
-        except DeadlineExpired:
-            raise DeadlineExceeded(
-                f"No answer within the request's deadline of {timeout_s:g} s "
-                "(X-Request-Timeout or the class default)."
-            ) from None
-        finally:
-            # Set as requests come and go: no timer to run, and fresh whenever it moves.
-            self._report_depth(client, priority)
-
-    def _report_depth(self, client: ModelClient, priority: Priority) -> None:
-        depth = client.queues.queued_items()[priority]
-        self.observer.metrics.queue_depth(client.name, priority.label, depth)
 
     def authenticate(self, meta: RequestMeta) -> Tenant | None:
         tenant: Tenant | None = None
@@ -486,6 +405,11 @@ def _http_host() -> str | None:
         return None
 
 
+def _client_of(version: Version) -> ModelClient:
+    assert version.client is not None  # embed and rerank versions always have one
+    return version.client
+
+
 def _serve_app_handle(app: str) -> Any:
     from ray import serve
 
@@ -494,18 +418,3 @@ def _serve_app_handle(app: str) -> Any:
 
 def _headers(priority: Priority, version: Version) -> dict[str, str]:
     return {"X-Priority": priority.label, "X-Model-Version": version.label}
-
-
-def _shares(table: ModelVersions) -> dict[str, float]:
-    weights = dict(table.weights())
-    total = sum(weights.values()) or 1.0
-    return {label: weight / total for label, weight in weights.items()}
-
-
-def _compare_embeddings(primary: EmbedResult, shadow: EmbedResult) -> dict[str, float]:
-    return {"cosine": embedding_agreement(primary.vectors, shadow.vectors)}
-
-
-def _compare_rerank(primary: RerankResult, shadow: RerankResult) -> dict[str, float]:
-    a, b = list(primary.raw), list(shadow.raw)
-    return {"top1": top1_agreement(a, b), "rank_correlation": rank_correlation(a, b)}

@@ -17,9 +17,11 @@ from ray.serve.exceptions import BackPressureError
 
 from deployments.config import AdmissionConfig
 from deployments.core.admission import ClassLimits
-from deployments.core.class_queues import ClassQueues, ClassSettings
-from deployments.core.coalescer import Send
+from deployments.core.class_queues import ClassQueues, ClassSettings, Refused, loop_deadline
+from deployments.core.coalescer import DeadlineExpired, Send
+from deployments.core.metrics import TributaryMetrics
 from deployments.core.priority import ALL_PRIORITIES, Priority
+from deployments.errors import DeadlineExceeded, Overloaded
 from deployments.ingress.call_errors import RAY_CALL_ERRORS, ray_call_error
 
 logger = logging.getLogger("ray.serve")
@@ -33,8 +35,10 @@ class ModelClient:
         admission: AdmissionConfig,
         max_group_items: int,
         method: str = "embed_jobs",
+        metrics: TributaryMetrics | None = None,
     ) -> None:
         self.name = name
+        self._metrics = metrics
         self._handle = handle
         self._method = method
         self._notes: set[asyncio.Task[Any]] = set()
@@ -93,6 +97,37 @@ class ModelClient:
             await self._handle.forget.remote(job_ids)
         except Exception as exc:  # a lost note costs one wasted computation, no more
             logger.info("could not tell model %s to drop jobs: %r", self.name, exc)
+
+    async def submit(self, priority: Priority, job: Any, timeout_s: float) -> Any:
+        """Queues a job in its class and waits for its outcome; a refusal or a deadline
+        that passed becomes the API's error."""
+        try:
+            self._report_depth(priority)
+            return await self.queues.submit(priority, job, loop_deadline(timeout_s))
+        except Refused as exc:
+            refusal = exc.refusal
+            verb = "is shedding" if refusal.reason == "shed" else "has a full queue for"
+            raise Overloaded(
+                f"Model '{self.name}' {verb} {priority.label}-class requests "
+                f"({refusal.queued_items} inputs waiting, limit {refusal.limit}); "
+                f"retry after {refusal.retry_after_s} s.",
+                retry_after_s=refusal.retry_after_s,
+                status=refusal.status,
+                code="load_shed" if refusal.reason == "shed" else "queue_full",
+            ) from None
+        except DeadlineExpired:
+            raise DeadlineExceeded(
+                f"No answer within the request's deadline of {timeout_s:g} s "
+                "(X-Request-Timeout or the class default)."
+            ) from None
+        finally:
+            # Set as requests come and go: no timer to run, and fresh whenever it moves.
+            self._report_depth(priority)
+
+    def _report_depth(self, priority: Priority) -> None:
+        if self._metrics is not None:
+            depth = self.queues.queued_items()[priority]
+            self._metrics.queue_depth(self.name, priority.label, depth)
 
     async def info(self) -> dict[str, Any]:
         return await self._handle.info.remote()

@@ -17,12 +17,23 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployments.core.agreement import (
+    embedding_agreement,
+    exact_match,
+    rank_correlation,
+    top1_agreement,
+)
 from deployments.core.metrics import TributaryMetrics
-from deployments.core.protocol import Rejection
+from deployments.core.priority import Priority
+from deployments.core.protocol import EmbedResult, GenerationJob, Rejection, RerankResult
 from deployments.errors import Overloaded
+from deployments.ingress.generation import GenerationCall, collect
 from deployments.ingress.versions import ModelVersions, Version
 
 logger = logging.getLogger("ray.serve")
+
+# A shadow copy's deadline: it rides at the batch class and nobody waits for it.
+SHADOW_TIMEOUT_S = 60.0
 
 RunCopy = Callable[[Version], Awaitable[Any]]  # sends the copy, returns its outcome
 Compare = Callable[[Any, Any], dict[str, float]]  # (primary, shadow) -> agreement by measure
@@ -139,9 +150,43 @@ class ShadowCopies:
                     "model %s: canary %s stopped: %s", table.name, trip.version, trip.detail
                 )
 
+    def send_generation(
+        self,
+        table: ModelVersions,
+        version: Version,
+        job: GenerationJob,
+        text: str,
+        latency_s: float,
+    ) -> None:
+        """A generation copy: compared by exact match when the request was greedy (a
+        sampled answer may differ for no fault of the candidate), timed either way."""
+        greedy = job.temperature == 0
+
+        async def run(target: Version) -> str:
+            assert target.watch is not None
+            copy = GenerationCall(
+                table.name, target.handle, Priority.BATCH, SHADOW_TIMEOUT_S, target.watch
+            )
+            first = await copy.start(job)
+            return (await collect(copy, first))[0]
+
+        def compare(primary: str, shadow: str) -> dict[str, float]:
+            return {"exact_match": exact_match(primary, shadow)} if greedy else {}
+
+        self.maybe_send(table, version, text, latency_s, run, compare)
+
     def view(self, model: str) -> dict[str, Any]:
         return {
             version: tally.view()
             for (name, version), tally in self.tallies.items()
             if name == model
         }
+
+
+def compare_embeddings(primary: EmbedResult, shadow: EmbedResult) -> dict[str, float]:
+    return {"cosine": embedding_agreement(primary.vectors, shadow.vectors)}
+
+
+def compare_rerank(primary: RerankResult, shadow: RerankResult) -> dict[str, float]:
+    a, b = list(primary.raw), list(shadow.raw)
+    return {"top1": top1_agreement(a, b), "rank_correlation": rank_correlation(a, b)}

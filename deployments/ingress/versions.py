@@ -8,14 +8,18 @@ traffic (its weight goes to the others) and a request pinned to it gets a 503.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.config_traffic import ModelTraffic
+from deployments.core.metrics import TributaryMetrics
 from deployments.core.rollout_guard import GuardRules, RolloutGuard, Trip
 from deployments.core.traffic import choose_version, first_key
-from deployments.errors import ModelNotFound, NotReady
+from deployments.errors import ModelNotFound, NotReady, TributaryError
 from deployments.ingress.model_client import ModelClient
 from deployments.ingress.replica_watch import ReplicaWatch
 
@@ -131,6 +135,40 @@ class ModelVersions:
         if self.guard is None:
             return None
         return self.guard.record(label, ok, latency_s)
+
+    @contextlib.contextmanager
+    def judged(
+        self, version: Version, metrics: TributaryMetrics, started: float | None = None
+    ) -> Iterator[None]:
+        """Tells the canary guard how the version answered: a server-side failure (5xx)
+        counts against it, a client's own mistake (4xx) does not."""
+        began = time.monotonic() if started is None else started
+        try:
+            yield
+        except TributaryError as exc:
+            if exc.status >= 500:
+                self._answered(version, False, time.monotonic() - began, metrics)
+            raise
+        except Exception:
+            self._answered(version, False, time.monotonic() - began, metrics)
+            raise
+        self._answered(version, True, time.monotonic() - began, metrics)
+
+    def _answered(
+        self, version: Version, ok: bool, seconds: float, metrics: TributaryMetrics
+    ) -> None:
+        trip = self.record(version.label, ok, seconds)
+        if trip is not None:
+            logger.warning("model %s: canary %s stopped: %s", self.name, trip.version, trip.detail)
+            metrics.canary_tripped(self.name, trip.version, trip.reason)
+            for label, share in self.shares().items():
+                metrics.traffic_weight(self.name, label, share)
+
+    def shares(self) -> dict[str, float]:
+        """Each version's share of new requests now, summing to 1."""
+        weights = dict(self.weights())
+        total = sum(weights.values()) or 1.0
+        return {label: weight / total for label, weight in weights.items()}
 
     def describe(self) -> list[dict[str, Any]]:
         """Each version for /v1/models and /v1/stats."""
