@@ -82,5 +82,6 @@ def test_two_back_to_back_starts_on_one_metrics_port(tmp_path: Path) -> None:
     ):
         assert second.metrics_port == port
         assert "ray_" in scrape(second.metrics_url)
-        assert httpx.get(f"{second.url}/healthz", timeout=10).status_code == 200
+        health = httpx.get(f"{second.url}/healthz", timeout=10)
+        assert health.status_code == 200, health.text  # which deployment, if any, was not
         assert "HAProxy takes" in second.log_tail(100_000)
