@@ -1,0 +1,101 @@
+"""One model's result cache at the ingress: look items up, compute each missing one once
+(in-flight de-duplication across concurrent requests and within one), store what was
+computed. A store fault is counted and the request is served without the cache: the cache
+may make a request faster, never make it fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+from deployments.core.result_cache import CacheCounts, CacheStore, InFlight, OwnerGone
+
+logger = logging.getLogger(__name__)
+
+# key list -> {key: packed entry} for every key given; raises if the items failed.
+Compute = Callable[[list[str]], Awaitable[dict[str, bytes]]]
+# (hits, misses) of one lookup, for the metrics.
+LookupHook = Callable[[int, int], None]
+
+
+class ModelCache:
+    def __init__(self, model: str, store: CacheStore, on_lookup: LookupHook | None = None):
+        self.model = model
+        self.store = store
+        self.counts = CacheCounts()
+        self.inflight = InFlight()
+        self._on_lookup = on_lookup
+
+    async def resolve(self, keys: Sequence[str], compute: Compute) -> tuple[dict[str, bytes], int]:
+        """Every key's entry, and how many of `keys` (positions, duplicates included) hit."""
+        found = await self._lookup(keys)
+        hits = sum(1 for key in keys if key in found)
+        self.counts.hits += hits
+        self.counts.misses += len(keys) - hits
+        if self._on_lookup is not None:
+            self._on_lookup(hits, len(keys) - hits)
+        missing = [key for key in dict.fromkeys(keys) if key not in found]
+        if missing:
+            found.update(await self._fill(missing, compute))
+        return found, hits
+
+    async def _fill(self, missing: list[str], compute: Compute) -> dict[str, bytes]:
+        owned, waits = self.inflight.claim(missing)
+        self.counts.deduplicated += len(waits)
+        values: dict[str, bytes] = {}
+        if owned:
+            try:
+                computed = await compute(owned)
+            except BaseException as exc:
+                # Waiters get the failure; a cancelled owner lets them compute instead.
+                error = OwnerGone() if isinstance(exc, asyncio.CancelledError) else exc
+                for key in owned:
+                    self.inflight.fail(key, error)
+                raise
+            for key in owned:
+                self.inflight.resolve(key, computed[key])
+            values.update(computed)
+            await self._store([(key, computed[key]) for key in owned])
+        orphaned: list[str] = []
+        for key, future in waits.items():
+            try:
+                # shield: this request leaving must not cancel the owner's shared future.
+                values[key] = await asyncio.shield(future)
+            except OwnerGone:
+                orphaned.append(key)
+        if orphaned:
+            values.update(await self._fill(orphaned, compute))
+        return values
+
+    async def _lookup(self, keys: Sequence[str]) -> dict[str, bytes]:
+        distinct = list(dict.fromkeys(keys))
+        try:
+            values = await self.store.get_many(distinct)
+        except Exception as exc:
+            self._fault("read", exc)
+            return {}
+        return {key: value for key, value in zip(distinct, values, strict=True) if value}
+
+    async def _store(self, entries: list[tuple[str, bytes]]) -> None:
+        try:
+            await self.store.put_many(entries)
+        except Exception as exc:
+            self._fault("write", exc)
+
+    def _fault(self, what: str, exc: Exception) -> None:
+        self.counts.errors += 1
+        # Once per fault kind would hide recovery; the count is the signal, the log the why.
+        logger.warning("result cache %s for model %r failed: %r", what, self.model, exc)
+
+    def stats(self) -> dict[str, int]:
+        counts = self.counts
+        return {
+            "hits": counts.hits,
+            "misses": counts.misses,
+            "deduplicated": counts.deduplicated,
+            "errors": counts.errors,
+            "in_flight": len(self.inflight),
+            **self.store.usage(),
+        }
