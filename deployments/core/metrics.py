@@ -370,6 +370,13 @@ class TributaryMetrics:
     def cache_lookup(self, model: str, hit: bool) -> None:
         self._put(CACHE_LOOKUPS, 1, model=model, result="hit" if hit else "miss")
 
+    def cache_lookups(self, model: str, hits: int, misses: int) -> None:
+        # One request's items at once: a counter per input would cost a call per text.
+        if hits:
+            self._put(CACHE_LOOKUPS, hits, model=model, result="hit")
+        if misses:
+            self._put(CACHE_LOOKUPS, misses, model=model, result="miss")
+
     # Generation (the LLM deployment).
     def first_token(self, model: str, priority: str, seconds: float) -> None:
         self._put(TIME_TO_FIRST_TOKEN, seconds, model=model, priority=priority)

@@ -48,6 +48,7 @@ from deployments.ingress.generation import (
     timeout_for,
 )
 from deployments.ingress.generation_schemas import parse_generation_request
+from deployments.ingress.item_cache import ItemCaches, cached_run, with_cached_inputs
 from deployments.ingress.model_client import ModelClient
 from deployments.ingress.observe import RequestObserver, note_request, observed
 from deployments.ingress.readiness import engines_problem, serve_readiness
@@ -121,6 +122,7 @@ class Ingress:
                 method="rerank_jobs",
             )
         self._denied: dict[str, int] = {}
+        self.cache = ItemCaches(self.config.cache, self._clients, self.observer.metrics)
         if self.access.is_open:
             _warn_if_open_to_the_network()
 
@@ -173,10 +175,16 @@ class Ingress:
         model = find_model(self._models, call.model)
         priority = self._admit(model, call.priority, meta, tenant)
         job = call.job(model, meta.request_id)
-        outcome = await self._run(
-            model.name, priority, job, embedding_token_estimate(job), meta, tenant
+        outcome, hits = await cached_run(
+            self.cache,
+            model,
+            job,
+            tenant,
+            priority.label,
+            lambda j: self._run(model.name, priority, j, embedding_token_estimate(j), meta, tenant),
         )
-        return Answer(call.respond(outcome, model.name), {"X-Priority": priority.label})
+        body = with_cached_inputs(call.respond(outcome, model.name), hits)
+        return Answer(body, {"X-Priority": priority.label})
 
     async def embedding_model_info(self) -> tuple[EmbeddingModelConfig, dict[str, Any]]:
         """The first embedding model and what its replica says of itself (TEI's /info)."""
@@ -202,9 +210,15 @@ class Ingress:
             )
         priority = self._admit(model, query.priority, meta, tenant)
         job = rerank_job(query, model, meta.request_id)
-        estimate = rerank_token_estimate(job)
-        outcome = await self._run(model.name, priority, job, estimate, meta, tenant)
-        answer = rerank_response(query, model.name, outcome)
+        outcome, hits = await cached_run(
+            self.cache,
+            model,
+            job,
+            tenant,
+            priority.label,
+            lambda j: self._run(model.name, priority, j, rerank_token_estimate(j), meta, tenant),
+        )
+        answer = with_cached_inputs(rerank_response(query, model.name, outcome), hits)
         return Answer(answer, {"X-Priority": priority.label})
 
     @observed
@@ -349,6 +363,8 @@ class Ingress:
                 "classes": generation_classes(self.observer, name, info),
                 "replica": info,
             }
+        for name, cache_stats in self.cache.stats().items():
+            models[name]["cache"] = cache_stats
         return {"models": models, "access_denied": dict(self._denied)}
 
 

@@ -1,0 +1,255 @@
+"""The result cache's seam in the ingress: per item lookup before a job is queued, a job of
+only the misses (none at all when everything hit: no queue slot, no Ray hop), the outcome
+merged back in the caller's order, the new results stored.
+
+`Ingress.embed` and `Ingress.rerank` wrap their one `self._run(...)` call in `cached_run`;
+everything else about the request (parsing, admission of the misses, the response shape
+after the cache: `dimensions`, encodings, sorting) is untouched, so one entry serves every
+shape of answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from deployments.config import CacheConfig, EmbeddingModelConfig, RerankModelConfig
+from deployments.core.access import Tenant
+from deployments.core.cache_entries import (
+    EmbedEntry,
+    RerankEntry,
+    pack_embed,
+    pack_rerank,
+    unpack_embed,
+    unpack_rerank,
+)
+from deployments.core.metrics import TributaryMetrics
+from deployments.core.model_cache import ModelCache
+from deployments.core.protocol import EmbedJob, EmbedResult, RerankJob, RerankResult
+from deployments.core.result_cache import CacheStore, KeyPart, MemoryStore, item_key
+from deployments.ingress.observe import note_request
+from deployments.ingress.rerank import estimated_chunk_passes
+
+Job = TypeVar("Job", EmbedJob, RerankJob)
+ModelConfig = EmbeddingModelConfig | RerankModelConfig
+
+# Settings that change how a model is run or admitted, never what it returns; every other
+# field of a model's config (source, runtime, dtype, truncate, window, chunking, ...) is in
+# the key, so a field added later misses rather than serves a stale result.
+NOT_IN_KEY = frozenset(
+    {
+        "name",
+        "version",
+        "batching",
+        "deployment",
+        "torch_threads",
+        "cache_dir",
+        "gpu_memory_fraction",
+        "memory_limit_mib",
+        "runtime_min_agreement",
+        "max_inputs",
+        "accept_token_ids",
+        "max_documents",
+        "max_chunk_passes",
+    }
+)
+
+
+class ItemCaches:
+    """Per cached model, its `ModelCache`; built once per ingress replica from `cache:`."""
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        models: Iterable[str],
+        metrics: TributaryMetrics | None = None,
+        store_for: Callable[[CacheConfig], CacheStore] | None = None,
+    ) -> None:
+        self.config = config
+        chosen = set(config.models) if config.models is not None else None
+        make = store_for or build_store
+        self._caches: dict[str, ModelCache] = {}
+        self._settings: dict[int, tuple[ModelConfig, str]] = {}
+        if not config.enabled:
+            return
+        for name in models:
+            if chosen is None or name in chosen:
+                hook = None if metrics is None else _lookup_hook(metrics, name)
+                self._caches[name] = ModelCache(name, make(config), hook)
+
+    def of(self, model: str) -> ModelCache | None:
+        return self._caches.get(model)
+
+    def stats(self) -> dict[str, Any]:
+        return {name: cache.stats() for name, cache in self._caches.items()}
+
+    def namespace(
+        self, model: ModelConfig, tenant: Tenant | None, params: Sequence[KeyPart]
+    ) -> tuple[KeyPart, ...]:
+        scope = tenant.name if self.config.scope == "tenant" and tenant is not None else ""
+        return (model.name, model.version, self._fingerprint(model), scope, *params)
+
+    def _fingerprint(self, model: ModelConfig) -> str:
+        # By identity: a config object is immutable; the stored reference keeps its id unique.
+        known = self._settings.get(id(model))
+        if known is None or known[0] is not model:
+            dumped = model.model_dump_json(exclude=set(NOT_IN_KEY))
+            known = (model, hashlib.sha256(dumped.encode()).hexdigest())
+            self._settings[id(model)] = known
+        return known[1]
+
+
+def build_store(config: CacheConfig) -> CacheStore:
+    if config.backend == "redis":
+        raise NotImplementedError("cache backend redis is not available in this build")
+    return MemoryStore(config.max_bytes, config.ttl_s)
+
+
+def _lookup_hook(metrics: TributaryMetrics, model: str) -> Callable[[int, int], None]:
+    return lambda hits, misses: metrics.cache_lookups(model, hits, misses)
+
+
+async def cached_run(
+    caches: ItemCaches,
+    model: ModelConfig,
+    job: Job,
+    tenant: Tenant | None,
+    priority: str,
+    run: Callable[[Job], Awaitable[Any]],
+) -> tuple[Any, int | None]:
+    """`run(job)`'s outcome, computed for the cache's misses only; and how many inputs hit
+    (None when this model has no cache). `run` raises for a refused job; the failure
+    reaches every request waiting on its items and nothing of it is stored."""
+    cache = caches.of(model.name)
+    if cache is None:
+        return await run(job), None
+    outcome: EmbedResult | RerankResult
+    if isinstance(job, EmbedJob):
+        outcome, hits = await _embed(cache, caches, model, job, tenant, run)
+    else:
+        assert isinstance(model, RerankModelConfig)
+        outcome, hits = await _rerank(cache, caches, model, job, tenant, run)
+    # `run` labelled the request with its misses only, or not at all when all hit.
+    note_request(priority=priority, items=len(job))
+    return outcome, hits
+
+
+async def _embed(
+    cache: ModelCache,
+    caches: ItemCaches,
+    model: ModelConfig,
+    job: EmbedJob,
+    tenant: Tenant | None,
+    run: Callable[[Any], Awaitable[Any]],
+) -> tuple[EmbedResult, int]:
+    kind = "text" if job.texts is not None else "ids"
+    inputs: list[Any] = list(job.texts if job.texts is not None else job.token_ids or [])
+    params = (
+        "embed",
+        kind,
+        job.truncate,
+        repr(job.prompt_names),
+        job.prompt_optional,
+        job.normalize,
+    )
+    namespace = caches.namespace(model, tenant, params)
+    keys = [item_key(namespace, _content(item)) for item in inputs]
+    first = _first_positions(keys)
+
+    async def compute(owned: list[str]) -> dict[str, bytes]:
+        chosen = [inputs[first[key]] for key in owned]
+        if job.texts is not None:
+            sub = dataclasses.replace(job, texts=chosen)
+        else:
+            sub = dataclasses.replace(job, token_ids=chosen)
+        result: EmbedResult = await run(sub)
+        cut = set(result.truncated)
+        return {
+            key: pack_embed(EmbedEntry(result.vectors[i], result.token_counts[i], i in cut))
+            for i, key in enumerate(owned)
+        }
+
+    values, hits = await cache.resolve(keys, compute)
+    entries = [unpack_embed(values[key]) for key in keys]
+    merged = EmbedResult(
+        vectors=np.stack([entry.vector for entry in entries]),
+        token_counts=[entry.tokens for entry in entries],
+        truncated=[i for i, entry in enumerate(entries) if entry.truncated],
+    )
+    return merged, hits
+
+
+async def _rerank(
+    cache: ModelCache,
+    caches: ItemCaches,
+    model: RerankModelConfig,
+    job: RerankJob,
+    tenant: Tenant | None,
+    run: Callable[[Any], Awaitable[Any]],
+) -> tuple[RerankResult, int]:
+    params = ("rerank", job.max_tokens_per_doc, job.first_chunk_only)
+    namespace = (*caches.namespace(model, tenant, params), job.query)
+    keys = [item_key(namespace, doc.encode()) for doc in job.documents]
+    first = _first_positions(keys)
+
+    async def compute(owned: list[str]) -> dict[str, bytes]:
+        docs = [job.documents[first[key]] for key in owned]
+        sub = dataclasses.replace(job, documents=docs)
+        # Admission counts chunk passes: only the misses' are still to score.
+        sub = dataclasses.replace(sub, chunk_passes=estimated_chunk_passes(sub, model))
+        result: RerankResult = await run(sub)
+        cut = set(result.truncated)
+        return {
+            key: pack_rerank(
+                RerankEntry(
+                    float(result.raw[i]),
+                    float(result.relevance[i]),
+                    result.token_counts[i],
+                    result.chunks[i],
+                    i in cut,
+                )
+            )
+            for i, key in enumerate(owned)
+        }
+
+    values, hits = await cache.resolve(keys, compute)
+    entries = [unpack_rerank(values[key]) for key in keys]
+    merged = RerankResult(
+        # The replica's own dtypes: float32 raw scores, float64 relevance.
+        raw=np.array([entry.raw for entry in entries], dtype=np.float32),
+        relevance=np.array([entry.relevance for entry in entries], dtype=np.float64),
+        token_counts=[entry.tokens for entry in entries],
+        chunks=[entry.chunks for entry in entries],
+        truncated=[i for i, entry in enumerate(entries) if entry.truncated],
+    )
+    return merged, hits
+
+
+def _content(item: str | list[int]) -> bytes:
+    if isinstance(item, str):
+        return item.encode()
+    return np.asarray(item, dtype=np.int64).tobytes()
+
+
+def _first_positions(keys: list[str]) -> dict[str, int]:
+    first: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+    return first
+
+
+def with_cached_inputs(body: Any, hits: int | None) -> Any:
+    """Says in the response's usage how many inputs were answered from the cache: `usage`
+    (OpenAI, Jina/Cohere rerank) or Cohere embed's `meta`. TEI's bare arrays have no room."""
+    if hits is None or not isinstance(body, dict):
+        return body
+    for field in ("usage", "meta"):
+        section = body.get(field)
+        if isinstance(section, dict):
+            section["cached_inputs"] = hits
+            break
+    return body
