@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 from deployments.core.result_cache import CacheCounts, CacheStore, InFlight, OwnerGone
 
@@ -16,17 +17,26 @@ logger = logging.getLogger(__name__)
 
 # key list -> {key: packed entry} for every key given; raises if the items failed.
 Compute = Callable[[list[str]], Awaitable[dict[str, bytes]]]
-# (hits, misses) of one lookup, for the metrics.
-LookupHook = Callable[[int, int], None]
+
+
+class CacheObserver(Protocol):
+    """Where one model's cache reports, for the metrics."""
+
+    def lookups(self, hits: int, misses: int) -> None: ...
+
+    def stored(self, used_bytes: int, new_evictions: int) -> None: ...
+
+    def fault(self, operation: str) -> None: ...
 
 
 class ModelCache:
-    def __init__(self, model: str, store: CacheStore, on_lookup: LookupHook | None = None):
+    def __init__(self, model: str, store: CacheStore, observer: CacheObserver | None = None):
         self.model = model
         self.store = store
         self.counts = CacheCounts()
         self.inflight = InFlight()
-        self._on_lookup = on_lookup
+        self._observer = observer
+        self._evictions_seen = 0
 
     async def resolve(self, keys: Sequence[str], compute: Compute) -> tuple[dict[str, bytes], int]:
         """Every key's entry, and how many of `keys` (positions, duplicates included) hit."""
@@ -34,8 +44,8 @@ class ModelCache:
         hits = sum(1 for key in keys if key in found)
         self.counts.hits += hits
         self.counts.misses += len(keys) - hits
-        if self._on_lookup is not None:
-            self._on_lookup(hits, len(keys) - hits)
+        if self._observer is not None:
+            self._observer.lookups(hits, len(keys) - hits)
         missing = [key for key in dict.fromkeys(keys) if key not in found]
         if missing:
             found.update(await self._fill(missing, compute))
@@ -83,9 +93,17 @@ class ModelCache:
             await self.store.put_many(entries)
         except Exception as exc:
             self._fault("write", exc)
+            return
+        usage = self.store.usage()
+        if self._observer is not None and "bytes" in usage:
+            evictions = usage.get("evictions", 0)
+            self._observer.stored(usage["bytes"], evictions - self._evictions_seen)
+            self._evictions_seen = evictions
 
     def _fault(self, what: str, exc: Exception) -> None:
         self.counts.errors += 1
+        if self._observer is not None:
+            self._observer.fault(what)
         # Once per fault kind would hide recovery; the count is the signal, the log the why.
         logger.warning("result cache %s for model %r failed: %r", what, self.model, exc)
 

@@ -78,8 +78,8 @@ class ItemCaches:
             return
         for name in models:
             if chosen is None or name in chosen:
-                hook = None if metrics is None else _lookup_hook(metrics, name)
-                self._caches[name] = ModelCache(name, make(config), hook)
+                observer = None if metrics is None else _MetricsObserver(metrics, name)
+                self._caches[name] = ModelCache(name, make(config), observer)
 
     def of(self, model: str) -> ModelCache | None:
         return self._caches.get(model)
@@ -109,8 +109,21 @@ def build_store(config: CacheConfig) -> CacheStore:
     return MemoryStore(config.max_bytes, config.ttl_s)
 
 
-def _lookup_hook(metrics: TributaryMetrics, model: str) -> Callable[[int, int], None]:
-    return lambda hits, misses: metrics.cache_lookups(model, hits, misses)
+class _MetricsObserver:
+    """One model's cache events onto the metrics (core's `CacheObserver`)."""
+
+    def __init__(self, metrics: TributaryMetrics, model: str) -> None:
+        self._metrics = metrics
+        self._model = model
+
+    def lookups(self, hits: int, misses: int) -> None:
+        self._metrics.cache_lookups(self._model, hits, misses)
+
+    def stored(self, used_bytes: int, new_evictions: int) -> None:
+        self._metrics.cache_store(self._model, used_bytes, new_evictions)
+
+    def fault(self, operation: str) -> None:
+        self._metrics.cache_error(self._model, operation)
 
 
 async def cached_run(

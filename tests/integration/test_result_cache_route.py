@@ -14,7 +14,7 @@ import pytest
 
 from deployments.config import CacheConfig, EmbeddingModelConfig
 from deployments.core.access import Tenant
-from deployments.core.metrics import CACHE_LOOKUPS
+from deployments.core.metrics import CACHE_BYTES, CACHE_EVICTIONS, CACHE_LOOKUPS
 from deployments.core.priority import Priority
 from deployments.core.protocol import EmbedJob, EmbedResult
 from deployments.core.result_cache import MemoryStore
@@ -221,3 +221,16 @@ async def test_tenant_scope_keeps_tenants_apart() -> None:
         for tenant in (a, b, a):
             await cached_run(caches, model, EmbedJob(texts=["t"]), tenant, "normal", run)
         assert len(runs) == expected, scope
+
+
+async def test_bytes_and_evictions_reach_the_metrics_and_stats() -> None:
+    harness = Harness(cached_config(max_bytes=4096))
+    transport = httpx.ASGITransport(app=harness.app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://ingress") as client:
+        for i in range(4):
+            await embed(client, [f"flood {i}.{j}" for j in range(10)])
+        stats = (await client.get("/v1/stats")).json()["models"][MODEL]["cache"]
+    assert 0 < stats["bytes"] <= 4096 and stats["evictions"] > 0
+    recorded = harness.recorder.values(CACHE_BYTES, model=MODEL)
+    assert recorded and recorded[-1] == stats["bytes"]
+    assert sum(harness.recorder.values(CACHE_EVICTIONS, model=MODEL)) == stats["evictions"]
