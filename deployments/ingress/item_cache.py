@@ -32,6 +32,7 @@ from deployments.core.model_cache import ModelCache
 from deployments.core.protocol import EmbedJob, EmbedResult, RerankJob, RerankResult
 from deployments.core.result_cache import CacheStore, KeyPart, MemoryStore, item_key
 from deployments.ingress.observe import note_request
+from deployments.ingress.redis_store import RedisStore
 from deployments.ingress.rerank import estimated_chunk_passes
 
 Job = TypeVar("Job", EmbedJob, RerankJob)
@@ -105,7 +106,8 @@ class ItemCaches:
 
 def build_store(config: CacheConfig) -> CacheStore:
     if config.backend == "redis":
-        raise NotImplementedError("cache backend redis is not available in this build")
+        assert config.url is not None  # the config's validator insists
+        return RedisStore(config.url, config.ttl_s, config.timeout_s)
     return MemoryStore(config.max_bytes, config.ttl_s)
 
 
