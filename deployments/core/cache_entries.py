@@ -13,6 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# In every key: a change to the layouts below gets new keys, so a shared Redis never hands
+# one build's entries to another that would misread them.
+ENTRY_FORMAT = "entry-v1"
+
 _EMBED_HEAD = struct.Struct("<IB")
 _RERANK = struct.Struct("<ddIIB")
 

@@ -20,6 +20,7 @@ import numpy as np
 from deployments.config import CacheConfig, EmbeddingModelConfig, RerankModelConfig
 from deployments.core.access import Tenant
 from deployments.core.cache_entries import (
+    ENTRY_FORMAT,
     EmbedEntry,
     RerankEntry,
     pack_embed,
@@ -31,12 +32,15 @@ from deployments.core.metrics import TributaryMetrics
 from deployments.core.model_cache import ModelCache
 from deployments.core.protocol import EmbedJob, EmbedResult, RerankJob, RerankResult
 from deployments.core.result_cache import CacheStore, KeyPart, MemoryStore, item_key
+from deployments.errors import TributaryError
 from deployments.ingress.observe import note_request
 from deployments.ingress.redis_store import RedisStore
 from deployments.ingress.rerank import estimated_chunk_passes
 
 Job = TypeVar("Job", EmbedJob, RerankJob)
 ModelConfig = EmbeddingModelConfig | RerankModelConfig
+# Refusals of bad input, whose messages may name an input by its index.
+NAMES_AN_INPUT = frozenset({400, 413})
 
 # Settings that change how a model is run or admitted, never what it returns; every other
 # field of a model's config (source, runtime, dtype, truncate, window, chunking, ...) is in
@@ -92,7 +96,8 @@ class ItemCaches:
         self, model: ModelConfig, tenant: Tenant | None, params: Sequence[KeyPart]
     ) -> tuple[KeyPart, ...]:
         scope = tenant.name if self.config.scope == "tenant" and tenant is not None else ""
-        return (model.name, model.version, self._fingerprint(model), scope, *params)
+        fingerprint = self._fingerprint(model)
+        return (ENTRY_FORMAT, model.name, model.version, fingerprint, scope, *params)
 
     def _fingerprint(self, model: ModelConfig) -> str:
         # By identity: a config object is immutable; the stored reference keeps its id unique.
@@ -143,11 +148,19 @@ async def cached_run(
     if cache is None:
         return await run(job), None
     outcome: EmbedResult | RerankResult
-    if isinstance(job, EmbedJob):
-        outcome, hits = await _embed(cache, caches, model, job, tenant, run)
-    else:
-        assert isinstance(model, RerankModelConfig)
-        outcome, hits = await _rerank(cache, caches, model, job, tenant, run)
+    hits: int | None
+    try:
+        if isinstance(job, EmbedJob):
+            outcome, hits = await _embed(cache, caches, model, job, tenant, run)
+        else:
+            assert isinstance(model, RerankModelConfig)
+            outcome, hits = await _rerank(cache, caches, model, job, tenant, run)
+    except TributaryError as exc:
+        if exc.status not in NAMES_AN_INPUT:
+            raise
+        # The model refused a job of misses only, so its message counts inputs of that job
+        # ("Input 0 has ..."). Sent whole, uncached, the refusal names the caller's own.
+        outcome, hits = await run(job), None
     # `run` labelled the request with its misses only, or not at all when all hit.
     note_request(priority=priority, items=len(job))
     return outcome, hits

@@ -16,7 +16,7 @@ from deployments.config import CacheConfig, EmbeddingModelConfig
 from deployments.core.access import Tenant
 from deployments.core.metrics import CACHE_BYTES, CACHE_EVICTIONS, CACHE_LOOKUPS
 from deployments.core.priority import Priority
-from deployments.core.protocol import EmbedJob, EmbedResult
+from deployments.core.protocol import EmbedJob, EmbedResult, Rejection
 from deployments.core.result_cache import MemoryStore
 from deployments.http.server import HttpIngress as Ingress
 from deployments.ingress.item_cache import ItemCaches, cached_run
@@ -234,3 +234,19 @@ async def test_bytes_and_evictions_reach_the_metrics_and_stats() -> None:
     recorded = harness.recorder.values(CACHE_BYTES, model=MODEL)
     assert recorded and recorded[-1] == stats["bytes"]
     assert sum(harness.recorder.values(CACHE_EVICTIONS, model=MODEL)) == stats["evictions"]
+
+
+async def test_a_refusal_names_the_callers_own_inputs(
+    client: httpx.AsyncClient, harness: Harness
+) -> None:
+    await embed(client, ["cached"])
+    harness.embedder.reject = Rejection(400, "Input 0 is refused.", param="input")
+    body = {"model": MODEL, "input": ["cached", "new"]}
+    response = await client.post("/v1/embeddings", json=body)
+    assert response.status_code == 400
+    # The job of misses (["new"]) was refused; the whole job was sent again, so the
+    # model's message counts the caller's inputs, not the misses'.
+    assert sent_texts(harness.embedder)[-2:] == [["new"], ["cached", "new"]]
+    harness.embedder.reject = None
+    again = await embed(client, ["new"])
+    assert again["usage"]["cached_inputs"] == 0  # the refusal stored nothing
