@@ -34,11 +34,16 @@ class ModelCache:
         self.model = model
         self.store = store
         self.counts = CacheCounts()
-        self.inflight = InFlight()
+        # One table per lane (priority class): a realtime request must not wait behind a
+        # batch-class request's queue for the same text, so duplicates across classes are
+        # computed once per class, within a class once.
+        self._lanes: dict[str, InFlight] = {}
         self._observer = observer
         self._evictions_seen = 0
 
-    async def resolve(self, keys: Sequence[str], compute: Compute) -> tuple[dict[str, bytes], int]:
+    async def resolve(
+        self, keys: Sequence[str], compute: Compute, lane: str = ""
+    ) -> tuple[dict[str, bytes], int]:
         """Every key's entry, and how many of `keys` (positions, duplicates included) hit."""
         found = await self._lookup(keys)
         hits = sum(1 for key in keys if key in found)
@@ -48,11 +53,14 @@ class ModelCache:
             self._observer.lookups(hits, len(keys) - hits)
         missing = [key for key in dict.fromkeys(keys) if key not in found]
         if missing:
-            found.update(await self._fill(missing, compute))
+            inflight = self._lanes.setdefault(lane, InFlight())
+            found.update(await self._fill(missing, compute, inflight))
         return found, hits
 
-    async def _fill(self, missing: list[str], compute: Compute) -> dict[str, bytes]:
-        owned, waits = self.inflight.claim(missing)
+    async def _fill(
+        self, missing: list[str], compute: Compute, inflight: InFlight
+    ) -> dict[str, bytes]:
+        owned, waits = inflight.claim(missing)
         self.counts.deduplicated += len(waits)
         values: dict[str, bytes] = {}
         if owned:
@@ -62,10 +70,10 @@ class ModelCache:
                 # Waiters get the failure; a cancelled owner lets them compute instead.
                 error = OwnerGone() if isinstance(exc, asyncio.CancelledError) else exc
                 for key in owned:
-                    self.inflight.fail(key, error)
+                    inflight.fail(key, error)
                 raise
             for key in owned:
-                self.inflight.resolve(key, computed[key])
+                inflight.resolve(key, computed[key])
             values.update(computed)
             await self._store([(key, computed[key]) for key in owned])
         orphaned: list[str] = []
@@ -76,7 +84,7 @@ class ModelCache:
             except OwnerGone:
                 orphaned.append(key)
         if orphaned:
-            values.update(await self._fill(orphaned, compute))
+            values.update(await self._fill(orphaned, compute, inflight))
         return values
 
     async def _lookup(self, keys: Sequence[str]) -> dict[str, bytes]:
@@ -107,6 +115,9 @@ class ModelCache:
         # Once per fault kind would hide recovery; the count is the signal, the log the why.
         logger.warning("result cache %s for model %r failed: %r", what, self.model, exc)
 
+    def in_flight(self) -> int:
+        return sum(len(lane) for lane in self._lanes.values())
+
     def stats(self) -> dict[str, int]:
         counts = self.counts
         return {
@@ -114,6 +125,6 @@ class ModelCache:
             "misses": counts.misses,
             "deduplicated": counts.deduplicated,
             "errors": counts.errors,
-            "in_flight": len(self.inflight),
+            "in_flight": self.in_flight(),
             **self.store.usage(),
         }

@@ -151,10 +151,10 @@ async def cached_run(
     hits: int | None
     try:
         if isinstance(job, EmbedJob):
-            outcome, hits = await _embed(cache, caches, model, job, tenant, run)
+            outcome, hits = await _embed(cache, caches, model, job, tenant, priority, run)
         else:
             assert isinstance(model, RerankModelConfig)
-            outcome, hits = await _rerank(cache, caches, model, job, tenant, run)
+            outcome, hits = await _rerank(cache, caches, model, job, tenant, priority, run)
     except TributaryError as exc:
         if exc.status not in NAMES_AN_INPUT:
             raise
@@ -172,6 +172,7 @@ async def _embed(
     model: ModelConfig,
     job: EmbedJob,
     tenant: Tenant | None,
+    lane: str,
     run: Callable[[Any], Awaitable[Any]],
 ) -> tuple[EmbedResult, int]:
     kind = "text" if job.texts is not None else "ids"
@@ -201,7 +202,7 @@ async def _embed(
             for i, key in enumerate(owned)
         }
 
-    values, hits = await cache.resolve(keys, compute)
+    values, hits = await cache.resolve(keys, compute, lane)
     entries = [unpack_embed(values[key]) for key in keys]
     merged = EmbedResult(
         vectors=np.stack([entry.vector for entry in entries]),
@@ -217,6 +218,7 @@ async def _rerank(
     model: RerankModelConfig,
     job: RerankJob,
     tenant: Tenant | None,
+    lane: str,
     run: Callable[[Any], Awaitable[Any]],
 ) -> tuple[RerankResult, int]:
     params = ("rerank", job.max_tokens_per_doc, job.first_chunk_only)
@@ -244,7 +246,7 @@ async def _rerank(
             for i, key in enumerate(owned)
         }
 
-    values, hits = await cache.resolve(keys, compute)
+    values, hits = await cache.resolve(keys, compute, lane)
     entries = [unpack_rerank(values[key]) for key in keys]
     merged = RerankResult(
         # The replica's own dtypes: float32 raw scores, float64 relevance.

@@ -132,7 +132,7 @@ async def test_failure_reaches_waiters_and_is_not_cached() -> None:
     healthy = CountingCompute()
     values, hits = await cache.resolve(["x"], healthy)
     assert (values, hits, healthy.calls) == ({"x": b"x"}, 0, [["x"]])
-    assert len(cache.inflight) == 0
+    assert cache.in_flight() == 0
 
 
 async def test_a_cancelled_owner_lets_the_waiter_compute() -> None:
@@ -163,3 +163,16 @@ async def test_a_store_fault_serves_without_the_cache() -> None:
     values, hits = await cache.resolve(["a"], CountingCompute())
     assert values == {"a": b"a"} and hits == 0
     assert cache.counts.errors == 2  # the read and the write
+
+
+async def test_lanes_keep_a_class_from_waiting_behind_another() -> None:
+    cache = ModelCache("m", MemoryStore(1 << 20))
+    slow = CountingCompute(gate=asyncio.Event())
+    batch = asyncio.create_task(cache.resolve(["x"], slow, lane="batch"))
+    await asyncio.sleep(0)
+    fast = CountingCompute()
+    values, _ = await asyncio.wait_for(cache.resolve(["x"], fast, lane="realtime"), 1)
+    assert values == {"x": b"x"} and fast.calls == [["x"]]
+    assert slow.gate is not None
+    slow.gate.set()
+    await batch
