@@ -19,6 +19,15 @@ logger = logging.getLogger(__name__)
 Compute = Callable[[list[str]], Awaitable[dict[str, bytes]]]
 
 
+# Every stored value starts with the first bytes of its own key: a reply that a store
+# (a Redis connection after a timeout, say) hands back for another key is caught.
+TAG_BYTES = 8
+
+
+def _tag(key: str) -> bytes:
+    return key.encode()[:TAG_BYTES].ljust(TAG_BYTES, b"\0")
+
+
 class CacheObserver(Protocol):
     """Where one model's cache reports, for the metrics."""
 
@@ -91,14 +100,25 @@ class ModelCache:
         distinct = list(dict.fromkeys(keys))
         try:
             values = await self.store.get_many(distinct)
+            if len(values) != len(distinct):
+                raise ValueError(f"{len(values)} values for {len(distinct)} keys")
         except Exception as exc:
             self._fault("read", exc)
             return {}
-        return {key: value for key, value in zip(distinct, values, strict=True) if value}
+        found: dict[str, bytes] = {}
+        for key, value in zip(distinct, values, strict=True):
+            if value is None:
+                continue
+            if value[:TAG_BYTES] != _tag(key):
+                # Another key's value (a cross-wired reply): a miss, never a wrong answer.
+                self._fault("read", ValueError("an entry under the wrong key"))
+                continue
+            found[key] = value[TAG_BYTES:]
+        return found
 
     async def _store(self, entries: list[tuple[str, bytes]]) -> None:
         try:
-            await self.store.put_many(entries)
+            await self.store.put_many([(key, _tag(key) + value) for key, value in entries])
         except Exception as exc:
             self._fault("write", exc)
             return

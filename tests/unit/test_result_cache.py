@@ -176,3 +176,19 @@ async def test_lanes_keep_a_class_from_waiting_behind_another() -> None:
     assert slow.gate is not None
     slow.gate.set()
     await batch
+
+
+class CrossWiredStore(MemoryStore):
+    """Answers every lookup with the value stored under another key."""
+
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        others = [key for key in self.lru._entries if key not in keys]
+        return [self.lru.get(others[0]) if others else None for _ in keys]
+
+
+async def test_a_value_under_the_wrong_key_is_a_miss_not_a_wrong_answer() -> None:
+    cache = ModelCache("m", CrossWiredStore(1 << 20))
+    await cache.resolve(["aaaaaaaa-1"], CountingCompute())
+    values, hits = await cache.resolve(["bbbbbbbb-2"], CountingCompute())
+    assert values == {"bbbbbbbb-2": b"bbbbbbbb-2"} and hits == 0
+    assert cache.counts.errors == 1
