@@ -103,6 +103,8 @@ class ItemCaches:
         # By identity: a config object is immutable; the stored reference keeps its id unique.
         known = self._settings.get(id(model))
         if known is None or known[0] is not model:
+            if len(self._settings) >= 256:  # configs made per request must not pile up
+                self._settings.clear()
             dumped = model.model_dump_json(exclude=set(NOT_IN_KEY))
             known = (model, hashlib.sha256(dumped.encode()).hexdigest())
             self._settings[id(model)] = known
