@@ -19,7 +19,7 @@ METRICS_PORT ?= 8080
 export RAY_USAGE_STATS_ENABLED := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install browser serve test test-fast lint bench reliability clean
+.PHONY: install browser redis serve test test-fast lint bench reliability clean
 
 install: $(STAMP)
 
@@ -49,11 +49,19 @@ browser:
 		apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; \
 	else echo "make: browser tests (/status, /docs, /redoc) will be skipped: chromium is missing and installing it needs root and apt-get; to run them: sudo make browser (Debian/Ubuntu), or TRIBUTARY_CHROMIUM=/path/to/chromium make test"; fi
 
+# The result cache's Redis tests start a real redis-server (Debian's package) on a free
+# port: installed here when it is missing and we are root with apt-get, as chromium above.
+redis:
+	@if command -v redis-server >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get install -y -q redis-server || { apt-get update -q && apt-get install -y -q redis-server; }; \
+	else echo "make: the Redis cache tests will be skipped: redis-server is missing and installing it needs root and apt-get; to run them: sudo make redis (Debian/Ubuntu)"; fi
+
 # The edit-test loop: unit and integration tests, no Ray, well under a minute.
-test-fast: install
+test-fast: install redis
 	$(BIN)/python -m pytest tests/unit tests/integration -q
 
-test: lint browser
+test: lint browser redis
 	$(BIN)/python -m pytest
 
 # The release run of the reliability suite (docs/reliability.md): >= 10,000 fuzzed

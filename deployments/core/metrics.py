@@ -254,6 +254,25 @@ TRAFFIC_WEIGHT = Series(
     "Share of a model's new requests each version gets now (0 to 1), after the guard.",
     ("model", "model_version"),
 )
+CACHE_BYTES = Series(
+    "tributary_cache_bytes",
+    Kind.GAUGE,
+    "Result cache, memory backend: bytes of entries held, per model and ingress replica.",
+    ("model",),
+)
+CACHE_EVICTIONS = Series(
+    "tributary_cache_evictions",
+    Kind.COUNTER,
+    "Result cache, memory backend: entries dropped to stay within max_bytes.",
+    ("model",),
+)
+CACHE_ERRORS = Series(
+    "tributary_cache_errors",
+    Kind.COUNTER,
+    "Result-cache store faults (Redis down, slow or refusing) by operation (read, write); "
+    "each request went on without the cache.",
+    ("model", "operation"),
+)
 TIME_TO_FIRST_TOKEN = Series(
     "tributary_time_to_first_token_seconds",
     Kind.HISTOGRAM,
@@ -312,6 +331,9 @@ SERIES: tuple[Series, ...] = (
     REJECTIONS,
     DROPPED_ITEMS,
     CACHE_LOOKUPS,
+    CACHE_BYTES,
+    CACHE_EVICTIONS,
+    CACHE_ERRORS,
     TIME_TO_FIRST_TOKEN,
     INTER_TOKEN_LATENCY,
     RUNNING_SEQUENCES,
@@ -471,6 +493,21 @@ class TributaryMetrics:
 
     def canary_tripped(self, model: str, version: str, reason: str) -> None:
         self._put(CANARY_TRIPS, 1, model=model, model_version=version, reason=reason)
+
+    def cache_lookups(self, model: str, hits: int, misses: int) -> None:
+        # One request's items at once: a counter per input would cost a call per text.
+        if hits:
+            self._put(CACHE_LOOKUPS, hits, model=model, result="hit")
+        if misses:
+            self._put(CACHE_LOOKUPS, misses, model=model, result="miss")
+
+    def cache_store(self, model: str, used_bytes: int, new_evictions: int) -> None:
+        self._put(CACHE_BYTES, used_bytes, model=model)
+        if new_evictions:
+            self._put(CACHE_EVICTIONS, new_evictions, model=model)
+
+    def cache_error(self, model: str, operation: str) -> None:
+        self._put(CACHE_ERRORS, 1, model=model, operation=operation)
 
     # Generation (the LLM deployment).
     def first_token(self, model: str, priority: str, seconds: float) -> None:

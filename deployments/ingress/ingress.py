@@ -53,6 +53,7 @@ from deployments.ingress.generation import (
     timeout_for,
 )
 from deployments.ingress.generation_schemas import parse_generation_request
+from deployments.ingress.item_cache import ItemCaches, cached_run, with_cached_inputs
 from deployments.ingress.model_client import ModelClient
 from deployments.ingress.observe import RequestObserver, note_request, observed
 from deployments.ingress.readiness import engines_problem, serve_readiness
@@ -115,6 +116,7 @@ class Ingress:
         self._readiness = readiness or serve_readiness
         self.access = build_access_control(self.config.auth)
         self._denied: dict[str, int] = {}
+        self.cache = ItemCaches(self.config.cache, self.observer.metrics)
         if self.access.is_open:
             _warn_if_open_to_the_network()
 
@@ -224,10 +226,18 @@ class Ingress:
         version = pick(model.name)
         priority = self._admit(model, version, call.priority, meta, tenant)
         job = call.job(model, meta.request_id)
-        outcome = await self._run(
-            model.name, version, priority, job, embedding_token_estimate(job), meta, tenant
+        outcome, hits = await cached_run(
+            self.cache,
+            version.config,
+            job,
+            tenant,
+            priority.label,
+            lambda j: self._run(
+                model.name, version, priority, j, embedding_token_estimate(j), meta, tenant
+            ),
         )
-        return Answer(call.respond(outcome, model.name), _headers(priority, version))
+        body = with_cached_inputs(call.respond(outcome, model.name), hits)
+        return Answer(body, _headers(priority, version))
 
     async def embedding_model_info(self) -> tuple[EmbeddingModelConfig, dict[str, Any]]:
         """The first embedding model and what its replica says of itself (TEI's /info)."""
@@ -256,9 +266,17 @@ class Ingress:
         version = pick(model.name)
         priority = self._admit(model, version, query.priority, meta, tenant)
         job = rerank_job(query, model, meta.request_id)
-        estimate = rerank_token_estimate(job)
-        outcome = await self._run(model.name, version, priority, job, estimate, meta, tenant)
-        answer = rerank_response(query, model.name, outcome)
+        outcome, hits = await cached_run(
+            self.cache,
+            version.config,
+            job,
+            tenant,
+            priority.label,
+            lambda j: self._run(
+                model.name, version, priority, j, rerank_token_estimate(j), meta, tenant
+            ),
+        )
+        answer = with_cached_inputs(rerank_response(query, model.name, outcome), hits)
         return Answer(answer, _headers(priority, version))
 
     @observed
@@ -370,8 +388,12 @@ class Ingress:
 
     async def stats(self) -> dict[str, Any]:
         """Per model: this ingress replica's queues, one replica's counters of each
-        version, the split, shadow agreement and the guard (stats_gather.py)."""
+        version, the split, shadow agreement and the guard (stats_gather.py), and the
+        result cache's counts."""
         stats = await gather_stats(self.catalog, self.observer, self.shadows)
+        for name, cache_stats in self.cache.stats().items():
+            if name in stats["models"]:
+                stats["models"][name]["cache"] = cache_stats
         return {**stats, "access_denied": dict(self._denied)}
 
 

