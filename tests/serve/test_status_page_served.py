@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serve.conftest import AUTH, MODEL, Server
+from tests.serve.conftest import AUTH, CACHED_MODEL, MODEL, Server
 
 # `make test` installs Debian's chromium when it is missing and it may (root, apt-get);
 # TRIBUTARY_CHROMIUM names another build.
@@ -41,6 +41,7 @@ class Rows(HTMLParser):
         super().__init__()
         self.rows: dict[tuple[str, str], dict[str, str]] = {}
         self.versions: dict[tuple[str, str], dict[str, str]] = {}  # (model, version)
+        self.cache: dict[str, dict[str, str]] = {}  # model -> its cache row
         self.state = ""
         self._row: dict[str, str] | None = None
         self._cell: str | None = None
@@ -50,6 +51,8 @@ class Rows(HTMLParser):
         found = dict(attrs)
         if tag == "tr" and found.get("data-model"):
             self._row = self.rows[(found["data-model"] or "", found["data-class"] or "")] = {}
+        elif tag == "tr" and found.get("data-cache-of"):
+            self._row = self.cache[found["data-cache-of"] or ""] = {}
         elif tag == "tr" and found.get("data-version-of"):
             key = (found["data-version-of"] or "", found.get("data-version") or "")
             self._row = self.versions[key] = {}
@@ -119,6 +122,10 @@ def test_the_status_page_renders_live_figures_in_a_browser(server: Server, tmp_p
             timeout=60,
         )
         assert response.status_code == 200
+    for _ in range(2):  # the second is a hit in the cached model's cache
+        cached = {"model": CACHED_MODEL, "input": "the status page's cached text"}
+        response = httpx.post(f"{server.url}/v1/embeddings", json=cached, headers=AUTH, timeout=60)
+        assert response.status_code == 200
     served = httpx.get(f"{server.url}/v1/stats", timeout=30).json()
     sent = served["models"][MODEL]["classes"]["batch"]["requests"]
     assert sent >= 3
@@ -139,3 +146,6 @@ def test_the_status_page_renders_live_figures_in_a_browser(server: Server, tmp_p
     # The versions table: each model's one version, ready, with all of its traffic.
     version = rows.versions[(MODEL, "1")]
     assert version["state"] == "ready" and version["share"] == "100.0 %"
+    # The result cache's table: the one model with the cache on, with its counts.
+    assert set(rows.cache) == {CACHED_MODEL}
+    assert int(rows.cache[CACHED_MODEL]["hits"]) >= 1
