@@ -99,7 +99,17 @@ def haproxy_environment() -> dict[str, str]:
 # fixed defaults (ray/serve/_private/constants.py). A second Serve on the machine, or a
 # HAProxy a killed node left behind, holds them, and HAProxy would then exit at start-up
 # with "Address already in use", which Serve reports as a long traceback.
-HAPROXY_SIDE_PORTS = {"RAY_SERVE_HAPROXY_METRICS_PORT": 9101, "RAY_SERVE_HAPROXY_STATS_PORT": 8404}
+# And Serve's fallback proxy, HAProxy's backup server while no ingress replica is up (a
+# restart, a reload during `serve deploy`): it binds its fixed ports with SO_REUSEPORT, so
+# a second Serve on the machine binds the same ones without an error and the kernel then
+# hands each of them part of the other's connections: requests answered by the wrong
+# server (seen as 401s from another instance's keys during a rollout under load).
+HAPROXY_SIDE_PORTS = {
+    "RAY_SERVE_HAPROXY_METRICS_PORT": 9101,
+    "RAY_SERVE_HAPROXY_STATS_PORT": 8404,
+    "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": 8500,
+    "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": 9500,
+}
 
 
 def haproxy_side_ports(environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
@@ -111,8 +121,9 @@ def haproxy_side_ports(environ: dict[str, str] | os._Environ[str]) -> dict[str, 
             continue
         port = default if _port_is_free(default) else _any_free_port()
         if port != default:
+            user = "HAProxy" if "HAPROXY" in variable else "Serve's fallback proxy"
             print(
-                f"port {default} ({variable}) is in use; HAProxy takes {port} instead",
+                f"port {default} ({variable}) is in use; {user} takes {port} instead",
                 file=sys.stderr,
             )
         chosen[variable] = str(port)

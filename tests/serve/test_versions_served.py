@@ -56,7 +56,8 @@ def test_a_rollout_under_load_fails_no_request_and_restarts_nothing_unchanged(
 ) -> None:
     report = run_rollout(server, workdir, steps, hold_s=3.0)
     by_step = {row["step"]: row for row in report["steps"]}
-    assert report["failures"] == 0, report["steps"]
+    statuses = {row["step"]: row["statuses"] for row in report["steps"]}
+    assert report["failures"] == 0, statuses
     assert all(row["requests"] > 0 for row in report["steps"]), report["steps"]
     assert set(by_step["v2 at 100 %"]["versions"]) <= {"1", "2"}
     assert set(by_step["v1 app removed"]["versions"]) == {"2"}

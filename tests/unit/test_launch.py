@@ -164,4 +164,18 @@ def test_haproxy_side_ports_keep_their_defaults_when_free_and_move_when_taken(
 
 def test_haproxy_side_ports_an_operator_chose_are_left_alone() -> None:
     environ = {"RAY_SERVE_HAPROXY_METRICS_PORT": "9200", "RAY_SERVE_HAPROXY_STATS_PORT": "9300"}
+    environ |= {"RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": "9400"}
+    environ |= {"RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": "9401"}
     assert launch.haproxy_side_ports(environ) == {}
+
+
+def test_a_second_server_never_shares_the_fallback_proxy_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Serve's fallback proxy binds with SO_REUSEPORT: sharing its port would not fail, it
+    # would split each server's fallback connections between the two. A taken one moves.
+    monkeypatch.setattr(launch, "_port_is_free", lambda port: port not in (8500, 9500))
+    chosen = launch.haproxy_side_ports({})
+    assert chosen["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"] != "8500"
+    assert chosen["RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"] != "9500"
+    assert int(chosen["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"]) in launch.SPARE_PORTS
