@@ -226,15 +226,8 @@ class Ingress:
         version = pick(model.name)
         priority = self._admit(model, version, call.priority, meta, tenant)
         job = call.job(model, meta.request_id)
-        outcome, hits = await cached_run(
-            self.cache,
-            version.config,
-            job,
-            tenant,
-            priority.label,
-            lambda j: self._run(
-                model.name, version, priority, j, embedding_token_estimate(j), meta, tenant
-            ),
+        outcome, hits = await self._run_cached(
+            version, priority, job, embedding_token_estimate, meta, tenant
         )
         body = with_cached_inputs(call.respond(outcome, model.name), hits)
         return Answer(body, _headers(priority, version))
@@ -266,15 +259,8 @@ class Ingress:
         version = pick(model.name)
         priority = self._admit(model, version, query.priority, meta, tenant)
         job = rerank_job(query, model, meta.request_id)
-        outcome, hits = await cached_run(
-            self.cache,
-            version.config,
-            job,
-            tenant,
-            priority.label,
-            lambda j: self._run(
-                model.name, version, priority, j, rerank_token_estimate(j), meta, tenant
-            ),
+        outcome, hits = await self._run_cached(
+            version, priority, job, rerank_token_estimate, meta, tenant
         )
         answer = with_cached_inputs(rerank_response(query, model.name, outcome), hits)
         return Answer(answer, _headers(priority, version))
@@ -336,6 +322,29 @@ class Ingress:
         self._guard(lambda: self.access.authorize(tenant, model.name))
         asked = choose_priority(meta.priority, body_priority)
         return asked if tenant is None else asked.capped_at(tenant.tier)
+
+    async def _run_cached(
+        self,
+        version: Version,
+        priority: Priority,
+        job: Any,
+        estimate: Callable[[Any], int],
+        meta: RequestMeta,
+        tenant: Tenant | None,
+    ) -> tuple[Any, int | None]:
+        """The job through the result cache (ingress/item_cache.py): only its misses run,
+        keyed by the version that serves them; also how many inputs hit."""
+        name = version.config.name
+        return await cached_run(
+            self.cache,
+            version.config,
+            job,
+            tenant,
+            priority.label,
+            lambda misses: self._run(
+                name, version, priority, misses, estimate(misses), meta, tenant
+            ),
+        )
 
     async def _run(
         self,
