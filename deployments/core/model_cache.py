@@ -19,6 +19,9 @@ logger = logging.getLogger(__name__)
 Compute = Callable[[list[str]], Awaitable[dict[str, bytes]]]
 
 
+# Writes a store may have pending behind the answers before a request waits for its own.
+MAX_PENDING_WRITES = 64
+
 # Every stored value starts with the first bytes of its own key: a reply that a store
 # (a Redis connection after a timeout, say) hands back for another key is caught.
 TAG_BYTES = 8
@@ -49,6 +52,10 @@ class ModelCache:
         self._lanes: dict[str, InFlight] = {}
         self._observer = observer
         self._evictions_seen = 0
+        # Entries computed here whose write to a store that writes behind has not finished:
+        # read from here meanwhile, so an answer is never followed by a miss on its texts.
+        self._writing: dict[str, bytes] = {}
+        self._writes: set[asyncio.Task[None]] = set()
 
     async def resolve(
         self, keys: Sequence[str], compute: Compute, lane: str = ""
@@ -84,7 +91,7 @@ class ModelCache:
             for key in owned:
                 inflight.resolve(key, computed[key])
             values.update(computed)
-            await self._store([(key, computed[key]) for key in owned])
+            await self._store_soon([(key, computed[key]) for key in owned])
         orphaned: list[str] = []
         for key, future in waits.items():
             try:
@@ -97,15 +104,17 @@ class ModelCache:
         return values
 
     async def _lookup(self, keys: Sequence[str]) -> dict[str, bytes]:
-        distinct = list(dict.fromkeys(keys))
+        found = {key: self._writing[key] for key in keys if key in self._writing}
+        distinct = [key for key in dict.fromkeys(keys) if key not in found]
+        if not distinct:
+            return found
         try:
             values = await self.store.get_many(distinct)
             if len(values) != len(distinct):
                 raise ValueError(f"{len(values)} values for {len(distinct)} keys")
         except Exception as exc:
             self._fault("read", exc)
-            return {}
-        found: dict[str, bytes] = {}
+            return found
         for key, value in zip(distinct, values, strict=True):
             if value is None:
                 continue
@@ -115,6 +124,31 @@ class ModelCache:
                 continue
             found[key] = value[TAG_BYTES:]
         return found
+
+    async def _store_soon(self, entries: list[tuple[str, bytes]]) -> None:
+        """Store now, or, for a store that writes behind, after the answer: the write
+        runs as a task (waited for only while MAX_PENDING_WRITES are already running)."""
+        if not self.store.writes_behind or len(self._writes) >= MAX_PENDING_WRITES:
+            await self._store(entries)
+            return
+        for key, value in entries:
+            self._writing[key] = value
+        task = asyncio.create_task(self._store_behind(entries))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _store_behind(self, entries: list[tuple[str, bytes]]) -> None:
+        try:
+            await self._store(entries)
+        finally:
+            for key, value in entries:
+                if self._writing.get(key) is value:
+                    del self._writing[key]
+
+    async def flush(self) -> None:
+        """Wait for the writes behind (tests, shutdown)."""
+        while self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)
 
     async def _store(self, entries: list[tuple[str, bytes]]) -> None:
         try:

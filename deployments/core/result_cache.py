@@ -45,7 +45,10 @@ class CacheCounts:
 
 class CacheStore(Protocol):
     """Where entries live. Batched both ways: one round trip per request, not per item.
-    A store may raise on a fault; the caller serves the request without the cache."""
+    A store may raise on a fault; the caller serves the request without the cache.
+    `writes_behind`: a write costs a round trip, so the answer should not wait for it."""
+
+    writes_behind: bool
 
     async def get_many(self, keys: Sequence[str]) -> list[bytes | None]: ...
 
@@ -115,6 +118,8 @@ def _size(key: str, value: bytes) -> int:
 
 class MemoryStore:
     """The embedded backend: a `ByteLRU` behind the store protocol."""
+
+    writes_behind = False  # a write is a dict insert: cheaper than a task to defer it
 
     def __init__(self, max_bytes: int, ttl_s: float | None = None) -> None:
         self.lru = ByteLRU(max_bytes, ttl_s)

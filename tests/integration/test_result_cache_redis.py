@@ -105,6 +105,11 @@ async def test_two_replicas_share_entries_bitwise(redis_server: RedisProcess) ->
     texts = ["a", "b", "c"]
     first, hits = await cached_run(one, model(), EmbedJob(texts=texts), None, "normal", fake)
     assert hits == 0 and fake.items == 3
+    # The answer goes before its entries are written (the write is behind it); replica two
+    # sees them once the write has landed.
+    written = one.of(MODEL)
+    assert written is not None
+    await written.flush()
     second, hits = await cached_run(two, model(), EmbedJob(texts=texts), None, "normal", fake)
     assert hits == 3 and fake.items == 3  # the other replica's entries, no model call
     assert second.vectors.tobytes() == first.vectors.tobytes()

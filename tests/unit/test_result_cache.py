@@ -16,7 +16,7 @@ from deployments.core.cache_entries import (
     unpack_embed,
     unpack_rerank,
 )
-from deployments.core.model_cache import ModelCache
+from deployments.core.model_cache import MAX_PENDING_WRITES, ModelCache
 from deployments.core.result_cache import ByteLRU, MemoryStore, item_key
 
 
@@ -148,6 +148,8 @@ async def test_a_cancelled_owner_lets_the_waiter_compute() -> None:
 
 
 class BrokenStore:
+    writes_behind = False
+
     async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         raise ConnectionError("down")
 
@@ -176,6 +178,69 @@ async def test_lanes_keep_a_class_from_waiting_behind_another() -> None:
     assert slow.gate is not None
     slow.gate.set()
     await batch
+
+
+class SlowWritingStore(MemoryStore):
+    """A remote store's shape: writes take a round trip that the answer need not wait for."""
+
+    writes_behind = True
+
+    def __init__(self) -> None:
+        super().__init__(1 << 20)
+        self.write_gate = asyncio.Event()
+        self.reads: list[list[str]] = []
+
+    async def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        self.reads.append(list(keys))
+        return await super().get_many(keys)
+
+    async def put_many(self, entries: Sequence[tuple[str, bytes]]) -> None:
+        await self.write_gate.wait()
+        await super().put_many(entries)
+
+
+async def test_a_store_that_writes_behind_answers_before_its_write_lands() -> None:
+    store = SlowWritingStore()
+    cache = ModelCache("m", store)
+    values, hits = await asyncio.wait_for(cache.resolve(["a", "b"], CountingCompute()), 1)
+    assert values == {"a": b"a", "b": b"b"} and hits == 0
+    assert len(store.lru) == 0  # the write is still held
+    # Read-your-writes meanwhile: the next request hits without asking the store.
+    store.reads.clear()
+    again, hits = await cache.resolve(["a", "b"], CountingCompute())
+    assert again == values and hits == 2 and store.reads == []
+    store.write_gate.set()
+    await cache.flush()
+    assert len(store.lru) == 2
+    assert await cache.resolve(["a"], CountingCompute()) == ({"a": b"a"}, 1)
+    assert store.reads == [["a"]]  # landed: read from the store again
+
+
+async def test_writes_behind_are_bounded() -> None:
+    store = SlowWritingStore()
+    cache = ModelCache("m", store)
+    for i in range(MAX_PENDING_WRITES):
+        await cache.resolve([f"k{i}"], CountingCompute())
+    # One more would exceed the bound: that request waits for its own write.
+    late = asyncio.create_task(cache.resolve(["last"], CountingCompute()))
+    await asyncio.sleep(0.05)
+    assert not late.done()
+    store.write_gate.set()
+    assert (await late)[0] == {"last": b"last"}
+    await cache.flush()
+    assert len(store.lru) == MAX_PENDING_WRITES + 1
+
+
+async def test_a_write_behind_that_fails_is_counted_and_forgotten() -> None:
+    class FailingWrites(SlowWritingStore):
+        async def put_many(self, entries: Sequence[tuple[str, bytes]]) -> None:
+            raise ConnectionError("down")
+
+    cache = ModelCache("m", FailingWrites())
+    assert (await cache.resolve(["a"], CountingCompute()))[1] == 0
+    await cache.flush()
+    assert cache.counts.errors == 1
+    assert (await cache.resolve(["a"], CountingCompute()))[1] == 0  # not kept after the fault
 
 
 class CrossWiredStore(MemoryStore):
