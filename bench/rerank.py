@@ -90,11 +90,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", type=Path, default=ROOT / "serve_config.yaml")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument(
+        "--runtime",
+        default=None,
+        help="serve the reranker on this runtime (docs/backends.md) and compare with its "
+        "bare backend on the same one; prints only",
+    )
     args = parser.parse_args(argv)
     extra = sys.argv[1:] if argv is None else argv
     command = "python -m bench.rerank" + (f" {' '.join(extra)}" if extra else "")
 
     config = load_config(args.config)
+    if args.runtime is not None:
+        config["applications"][0]["args"]["rerank_models"][0]["runtime"] = args.runtime
+        args.no_write = True  # not the published torch section
     model = RerankModelConfig.model_validate(config["applications"][0]["args"]["rerank_models"][0])
     if model.torch_threads:
         torch.set_num_threads(model.torch_threads)

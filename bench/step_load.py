@@ -42,7 +42,9 @@ STEPS = (2.0, 10.0, 60.0, 10.0, 2.0)
 WARMUP_S = 3.0
 
 
-def model_entry(name: str, adaptive: bool, target_ms: float) -> dict[str, Any]:
+def model_entry(
+    name: str, adaptive: bool, target_ms: float, model_nice: int | None = None
+) -> dict[str, Any]:
     defaults = load_config()["applications"][0]["args"]["embedding_models"][0]
     batching = json.loads(json.dumps(defaults["batching"]))
     batching["adaptive"] = adaptive
@@ -51,6 +53,8 @@ def model_entry(name: str, adaptive: bool, target_ms: float) -> dict[str, Any]:
         # The ceiling the default lowers by hand so realtime is not blocked; here the
         # target does that job.
         batching["batch"]["max_batch_tokens"] = 16384
+    if model_nice is not None:
+        defaults = {**defaults, "model_nice": model_nice}
     return {
         **defaults,
         "name": name,
@@ -59,12 +63,12 @@ def model_entry(name: str, adaptive: bool, target_ms: float) -> dict[str, Any]:
     }
 
 
-def app_config(target_ms: float) -> dict[str, Any]:
+def app_config(target_ms: float, model_nice: int | None = None) -> dict[str, Any]:
     config = load_config()
     args = config["applications"][0]["args"]
     args["embedding_models"] = [
-        model_entry("fixed", False, target_ms),
-        model_entry("adaptive", True, target_ms),
+        model_entry("fixed", False, target_ms, model_nice),
+        model_entry("adaptive", True, target_ms, model_nice),
     ]
     args.pop("rerank_models", None)
     args.pop("generation_models", None)
@@ -126,15 +130,22 @@ def mean_batch(before: dict[str, Any], after: dict[str, Any], klass: str) -> flo
     return round((a["items"] - b["items"]) / batches, 1) if batches else 0.0
 
 
-def run(target_ms: float, step_s: float, rounds: int) -> list[dict[str, Any]]:
+def run(
+    target_ms: float,
+    step_s: float,
+    rounds: int,
+    steps: tuple[float, ...] = STEPS,
+    model_nice: int | None = None,
+) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
+    config = app_config(target_ms, model_nice)
     with (
         tempfile.TemporaryDirectory() as workdir,
-        running_server(app_config(target_ms), Path(workdir), mode=DEFAULT_MODE) as server,
+        running_server(config, Path(workdir), mode=DEFAULT_MODE) as server,
     ):
         time.sleep(5)
         for r in range(rounds):
-            for step, rate in enumerate(STEPS):
+            for step, rate in enumerate(steps):
                 # Alternate which goes first, so neither always follows the other's backlog.
                 order = ("fixed", "adaptive") if (r + step) % 2 == 0 else ("adaptive", "fixed")
                 for model in order:
@@ -157,13 +168,13 @@ def run(target_ms: float, step_s: float, rounds: int) -> list[dict[str, Any]]:
     return rows
 
 
-def render(rows: list[dict[str, Any]], target_ms: float) -> str:
+def render(rows: list[dict[str, Any]], target_ms: float, steps: tuple[float, ...] = STEPS) -> str:
     lines = [
         f"| bulk req/s (x{BULK_TEXTS} texts) | model | realtime p50 / p99 ms "
         f"(target {target_ms:g}) | realtime non-200 | bulk texts/s | mean batch (rt / batch) |",
         "|---|---|---|---|---|---|",
     ]
-    for step, rate in enumerate(STEPS):
+    for step, rate in enumerate(steps):
         for model in ("fixed", "adaptive"):
             mine = [x for x in rows if x["step"] == step and x["model"] == model]
 
@@ -189,11 +200,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--step-s", type=float, default=15.0)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="also write every row here")
+    parser.add_argument(
+        "--steps",
+        default=",".join(f"{rate:g}" for rate in STEPS),
+        help="bulk requests/s at each step, comma-separated (a faster machine needs a "
+        "higher middle step to saturate)",
+    )
+    parser.add_argument(
+        "--model-nice",
+        type=int,
+        default=None,
+        help="model_nice of both models (default: serve_config.yaml's)",
+    )
     args = parser.parse_args(argv)
-    rows = run(args.target_ms, args.step_s, args.rounds)
+    steps = tuple(float(rate) for rate in args.steps.split(","))
+    rows = run(args.target_ms, args.step_s, args.rounds, steps, args.model_nice)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
-    print(render(rows, args.target_ms))
+    print(render(rows, args.target_ms, steps))
 
 
 if __name__ == "__main__":
