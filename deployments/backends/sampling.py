@@ -19,9 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-# Below this, sampling at temperature t is greedy to within float32 precision (logits a
-# millionth apart are already one-hot), and dividing by t is where overflow starts.
-GREEDY_BELOW_TEMPERATURE = 1e-6
+from deployments.core.generation_key import is_greedy
+
 _SEED_SPACE = 2**64  # torch.Generator.manual_seed takes [0, 2**64)
 
 
@@ -33,8 +32,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        # `not >=` rather than `<`: a NaN temperature is greedy too, never a division.
-        return not self.temperature >= GREEDY_BELOW_TEMPERATURE
+        # One definition with the result cache's (core/generation_key.py).
+        return is_greedy(self.temperature)
 
     def generator(self) -> torch.Generator:
         generator = torch.Generator()
