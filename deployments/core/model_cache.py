@@ -61,16 +61,22 @@ class ModelCache:
         self, keys: Sequence[str], compute: Compute, lane: str = ""
     ) -> tuple[dict[str, bytes], int]:
         """Every key's entry, and how many of `keys` (positions, duplicates included) hit."""
+        found, hits = await self.lookup(keys)
+        missing = [key for key in dict.fromkeys(keys) if key not in found]
+        if missing:
+            inflight = self._lanes.setdefault(lane, InFlight())
+            found.update(await self._fill(missing, compute, inflight))
+        return found, hits
+
+    async def lookup(self, keys: Sequence[str]) -> tuple[dict[str, bytes], int]:
+        """The entries found, counted as hits and misses; no computation. For a caller
+        that computes its misses itself and `keep`s them (a streamed completion)."""
         found = await self._lookup(keys)
         hits = sum(1 for key in keys if key in found)
         self.counts.hits += hits
         self.counts.misses += len(keys) - hits
         if self._observer is not None:
             self._observer.lookups(hits, len(keys) - hits)
-        missing = [key for key in dict.fromkeys(keys) if key not in found]
-        if missing:
-            inflight = self._lanes.setdefault(lane, InFlight())
-            found.update(await self._fill(missing, compute, inflight))
         return found, hits
 
     async def _fill(
@@ -91,7 +97,7 @@ class ModelCache:
             for key in owned:
                 inflight.resolve(key, computed[key])
             values.update(computed)
-            await self._store_soon([(key, computed[key]) for key in owned])
+            await self.keep([(key, computed[key]) for key in owned])
         orphaned: list[str] = []
         for key, future in waits.items():
             try:
@@ -125,9 +131,10 @@ class ModelCache:
             found[key] = value[TAG_BYTES:]
         return found
 
-    async def _store_soon(self, entries: list[tuple[str, bytes]]) -> None:
+    async def keep(self, entries: Sequence[tuple[str, bytes]]) -> None:
         """Store now, or, for a store that writes behind, after the answer: the write
-        runs as a task (waited for only while MAX_PENDING_WRITES are already running)."""
+        runs as a task (waited for only while MAX_PENDING_WRITES are already running).
+        A fault is counted, never raised."""
         if not self.store.writes_behind or len(self._writes) >= MAX_PENDING_WRITES:
             await self._store(entries)
             return
@@ -137,7 +144,7 @@ class ModelCache:
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
-    async def _store_behind(self, entries: list[tuple[str, bytes]]) -> None:
+    async def _store_behind(self, entries: Sequence[tuple[str, bytes]]) -> None:
         try:
             await self._store(entries)
         finally:
@@ -150,7 +157,7 @@ class ModelCache:
         while self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)
 
-    async def _store(self, entries: list[tuple[str, bytes]]) -> None:
+    async def _store(self, entries: Sequence[tuple[str, bytes]]) -> None:
         try:
             await self.store.put_many([(key, _tag(key) + value) for key, value in entries])
         except Exception as exc:
