@@ -1,5 +1,5 @@
-"""The `cache:` section of the app args: the per-item result cache at the ingress
-(README, "Result cache"; docs/operations.md)."""
+"""The `cache:` section of the app args: the per-item result cache at the ingress, and
+optionally whole greedy completions (README, "Result cache"; docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,15 @@ class CacheConfig(StrictModel):
     )
     models: list[str] | None = Field(
         None,
-        description="The embedding and rerank models that use the cache; None = all of them.",
+        description="The models that use the cache; None = every embedding and rerank "
+        "model, and every generation model when `generation` is on.",
+    )
+    generation: bool = Field(
+        False,
+        description="Also cache completions (/v1/completions, /v1/chat/completions, "
+        "streamed or not) of the generation models, greedy requests only (temperature 0): "
+        "one entry per prompt or message list, max_tokens and stop sequences; a sampled "
+        "request is never looked up nor stored. Needs `enabled`.",
     )
     max_bytes: int = Field(
         256 * 1024 * 1024,
@@ -52,7 +60,9 @@ class CacheConfig(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _redis_needs_a_url(self) -> CacheConfig:
+    def _consistent(self) -> CacheConfig:
         if self.backend == "redis" and not self.url:
             raise ValueError("cache: backend redis needs url (redis://host:port)")
+        if self.generation and not self.enabled:
+            raise ValueError("cache: generation: true needs enabled: true")
         return self
