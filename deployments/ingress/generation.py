@@ -13,12 +13,15 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
 
 import orjson
 
 from deployments.config import AdmissionConfig, GenerationModelConfig
+from deployments.core.access import Charge
+from deployments.core.metrics import TributaryMetrics
 from deployments.core.priority import Priority
 from deployments.core.protocol import GenerationChunk, GenerationJob, Rejection
 from deployments.errors import (
@@ -32,6 +35,7 @@ from deployments.errors import (
 from deployments.ingress.call_errors import RAY_CALL_ERRORS, REPLICA_GONE, ray_call_error
 from deployments.ingress.generation_schemas import ChatCompletionRequest, CompletionRequest
 from deployments.ingress.replica_watch import ReplicaWatch
+from deployments.ingress.versions import ModelVersions, Version
 
 logger = logging.getLogger("ray.serve")
 
@@ -117,6 +121,45 @@ class GenerationCall:
             self._stream.cancel()  # a no-op once the stream is over
 
 
+class LiveGeneration:
+    """A call computed by the model (not answered from the cache), with what settles it:
+    the tenant's charge (refunded if it fails) and the canary guard's judgement of its
+    version (a 5xx counts against it)."""
+
+    first: GenerationChunk  # once `start` returned
+
+    def __init__(
+        self,
+        call: GenerationCall,
+        charge: Charge,
+        table: ModelVersions,
+        version: Version,
+        metrics: TributaryMetrics,
+    ) -> None:
+        self.call = call
+        self.charge = charge
+        self.table = table
+        self._version = version
+        self._metrics = metrics
+        self.started = time.monotonic()
+
+    async def start(self, job: GenerationJob) -> None:
+        with self.charged():
+            self.first = await self.call.start(job)
+
+    @contextmanager
+    def charged(self) -> Iterator[None]:
+        with (
+            self.charge.refunded_on_failure(),
+            self.table.judged(self._version, self._metrics, self.started),
+        ):
+            yield
+
+    def settle(self, last: GenerationChunk | None) -> None:
+        """The tenant pays the tokens the model counted; none for a stream that broke."""
+        self.charge.settle(0 if last is None else last.prompt_tokens + last.completion_tokens)
+
+
 def build_job(
     request: ChatCompletionRequest | CompletionRequest,
     model: GenerationModelConfig,
@@ -165,6 +208,9 @@ class Reply:
         self.model = model
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
+        # With the result cache on for this request: 1 if it was answered from the cache,
+        # else 0, in `usage` as for embeddings and rerank; None: no cache, not said.
+        self.cached_inputs: int | None = None
 
     def whole(self, text: str, last: GenerationChunk) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
@@ -178,7 +224,7 @@ class Reply:
             "created": self.created,
             "model": self.model,
             "choices": [choice],
-            "usage": usage(last),
+            "usage": self._usage(last),
         }
 
     def chunk(self, text: str, finish_reason: str | None, first: bool) -> bytes:
@@ -190,7 +236,13 @@ class Reply:
         return self._event({**self._head(), "choices": [choice]})
 
     def usage_chunk(self, last: GenerationChunk) -> bytes:
-        return self._event({**self._head(), "choices": [], "usage": usage(last)})
+        return self._event({**self._head(), "choices": [], "usage": self._usage(last)})
+
+    def _usage(self, last: GenerationChunk) -> dict[str, int]:
+        counts = usage(last)
+        if self.cached_inputs is not None:
+            counts["cached_inputs"] = self.cached_inputs
+        return counts
 
     def _head(self) -> dict[str, Any]:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
@@ -209,7 +261,16 @@ def usage(chunk: GenerationChunk) -> dict[str, int]:
     }
 
 
-async def collect(call: GenerationCall, first: GenerationChunk) -> tuple[str, GenerationChunk]:
+class ChunkSource(Protocol):
+    """What `sse` and `collect` read after the first chunk: a live call, or a cached
+    completion replayed (ingress/generation_cache.py)."""
+
+    def rest(self) -> AsyncIterator[GenerationChunk]: ...
+
+    def cancel(self) -> None: ...
+
+
+async def collect(call: ChunkSource, first: GenerationChunk) -> tuple[str, GenerationChunk]:
     parts, last = [first.text], first
     if first.finish_reason is None:
         async for chunk in call.rest():
@@ -220,20 +281,28 @@ async def collect(call: GenerationCall, first: GenerationChunk) -> tuple[str, Ge
 
 
 async def sse(
-    call: GenerationCall,
+    call: ChunkSource,
     first: GenerationChunk,
     reply: Reply,
     include_usage: bool,
     on_end: Callable[[GenerationChunk | None], None],
+    on_complete: Callable[[str, GenerationChunk], Awaitable[None]] | None = None,
 ) -> AsyncIterator[bytes]:
-    """The event stream; `on_end` gets the last chunk (None if the stream broke)."""
+    """The event stream; `on_end` gets the last chunk (None if the stream broke).
+    `on_complete` gets the whole text and the last chunk once that chunk (the one with a
+    finish reason) has been sent, before [DONE]: never for a stream that broke, nor for
+    one whose client left first."""
     last: GenerationChunk | None = first
+    parts = [first.text]
     try:
         yield reply.chunk(first.text, first.finish_reason, first=True)
         if first.finish_reason is None:
             async for chunk in call.rest():
                 last = chunk
+                parts.append(chunk.text)
                 yield reply.chunk(chunk.text, chunk.finish_reason, first=False)
+        if on_complete is not None and last is not None and last.finish_reason is not None:
+            await on_complete("".join(parts), last)
         if include_usage and last is not None:
             yield reply.usage_chunk(last)
         yield b"data: [DONE]\n\n"

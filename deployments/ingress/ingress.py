@@ -28,6 +28,7 @@ from deployments.core.priority import Priority
 from deployments.core.protocol import (
     EmbedJob,
     GenerationChunk,
+    GenerationJob,
     Rejection,
 )
 from deployments.core.traffic import split_pin
@@ -46,12 +47,13 @@ from deployments.ingress.embed_dialects import EmbedDialect, find_model, parse_e
 from deployments.ingress.embeddings import embedding_token_estimate
 from deployments.ingress.generation import (
     GenerationCall,
+    LiveGeneration,
     Reply,
     build_job,
     collect,
-    sse,
     timeout_for,
 )
+from deployments.ingress.generation_cache import cached_completion, stream_answer, whole_answer
 from deployments.ingress.generation_schemas import parse_generation_request
 from deployments.ingress.item_cache import ItemCaches, cached_run, with_cached_inputs
 from deployments.ingress.model_client import ModelClient
@@ -283,30 +285,49 @@ class Ingress:
         priority = self._admit(model, version, request.priority, meta, tenant)
         note_request(priority=priority.label, items=1)
         job = build_job(request, model, meta.request_id)
+        reply = Reply(chat, model.name)
+        headers = _headers(priority, version)
+        cached = cached_completion(self.cache, version.config, job, tenant, priority.label)
+
+        async def start() -> LiveGeneration:
+            return await self._start_generation(version, priority, job, meta, tenant)
+
+        if request.stream:
+            events = await stream_answer(cached, reply, request.include_usage, start)
+            return Answer(None, headers, events=events)
+
+        async def complete() -> tuple[str, GenerationChunk]:
+            live = await start()
+            with live.charged():
+                text, last = await collect(live.call, live.first)
+            live.settle(last)
+            took = time.monotonic() - live.started
+            self.shadows.send_generation(live.table, version, job, text, took)
+            return text, last
+
+        return Answer(await whole_answer(cached, reply, complete), headers)
+
+    async def _start_generation(
+        self,
+        version: Version,
+        priority: Priority,
+        job: GenerationJob,
+        meta: RequestMeta,
+        tenant: Tenant | None,
+    ) -> LiveGeneration:
+        """Charges the tenant an estimate and starts the call to the version's replica:
+        its first chunk is in, or the refusal raised (and the charge refunded)."""
+        name = version.config.name
         texts = job.prompt or " ".join(m["content"] for m in job.messages or [])
         estimate = estimate_tokens([texts]) + job.max_tokens
         charge = self._guard(lambda: self.access.hold(tenant, estimate))
         timeout_s = timeout_for(self.config.ingress.admission, priority, meta.timeout_s)
         assert version.watch is not None
-        call = GenerationCall(model.name, version.handle, priority, timeout_s, version.watch)
-        table = self.catalog.table(model.name)
-        started = time.monotonic()
-        with charge.refunded_on_failure(), table.judged(version, self.observer.metrics, started):
-            first = await call.start(job)
-        reply = Reply(chat, model.name)
-        headers = _headers(priority, version)
-        if request.stream:
-
-            def settle(last: GenerationChunk | None) -> None:
-                charge.settle(0 if last is None else last.prompt_tokens + last.completion_tokens)
-
-            events = sse(call, first, reply, request.include_usage, settle)
-            return Answer(None, headers, events=events)
-        with charge.refunded_on_failure(), table.judged(version, self.observer.metrics, started):
-            text, last = await collect(call, first)
-        charge.settle(last.prompt_tokens + last.completion_tokens)
-        self.shadows.send_generation(table, version, job, text, time.monotonic() - started)
-        return Answer(reply.whole(text, last), headers)
+        call = GenerationCall(name, version.handle, priority, timeout_s, version.watch)
+        table = self.catalog.table(name)
+        live = LiveGeneration(call, charge, table, version, self.observer.metrics)
+        await live.start(job)
+        return live
 
     def _admit(
         self,

@@ -17,7 +17,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from deployments.config import CacheConfig, EmbeddingModelConfig, RerankModelConfig
+from deployments.config import (
+    CacheConfig,
+    EmbeddingModelConfig,
+    GenerationModelConfig,
+    RerankModelConfig,
+)
 from deployments.core.access import Tenant
 from deployments.core.cache_entries import (
     ENTRY_FORMAT,
@@ -38,7 +43,7 @@ from deployments.ingress.redis_store import RedisStore
 from deployments.ingress.rerank import estimated_chunk_passes
 
 Job = TypeVar("Job", EmbedJob, RerankJob)
-ModelConfig = EmbeddingModelConfig | RerankModelConfig
+ModelConfig = EmbeddingModelConfig | RerankModelConfig | GenerationModelConfig
 # Refusals of bad input, whose messages may name an input by its index.
 NAMES_AN_INPUT = frozenset({400, 413})
 
@@ -60,6 +65,18 @@ NOT_IN_KEY = frozenset(
         "accept_token_ids",
         "max_documents",
         "max_chunk_passes",
+        # generation: how many sequences and tokens a replica holds, and request limits
+        # (a request's own max_tokens and stop are in its key)
+        "max_num_seqs",
+        "kv_cache_tokens",
+        "kv_cache_memory_fraction",
+        "kv_cache_memory_mib",
+        "page_size",
+        "static_batch_wait_s",
+        "default_max_tokens",
+        "max_tokens_limit",
+        "max_stop_sequences",
+        "queue",
     }
 )
 
@@ -91,6 +108,10 @@ class ItemCaches:
             observer = None if metrics is None else _MetricsObserver(metrics, model)
             cache = self._caches[model] = ModelCache(model, self._make(self.config), observer)
         return cache
+
+    def of_generation(self, model: str) -> ModelCache | None:
+        """A generation model's cache: only with `generation: true` (greedy requests)."""
+        return self.of(model) if self.config.generation else None
 
     def stats(self) -> dict[str, Any]:
         return {name: cache.stats() for name, cache in self._caches.items()}
