@@ -60,7 +60,7 @@ class Generator(FakeGenerator):
 
 
 class App:
-    def __init__(self, versions: tuple[str, ...] = ("1",)) -> None:
+    def __init__(self, versions: tuple[str, ...] = ("1",), **cache: object) -> None:
         models = [{"name": MODEL, "source": "demo:tiny-llama", "version": v} for v in versions]
         self.fakes = {v: Generator() for v in versions}
         self.recorder = MemoryRecorder()
@@ -69,11 +69,11 @@ class App:
             return None
 
         handles = {f"{MODEL}@{v}" if len(versions) > 1 else MODEL: f for v, f in self.fakes.items()}
-        ingress = Ingress(
+        self.ingress = ingress = Ingress(
             {
                 **CONFIG,
                 "generation_models": models,
-                "cache": {"enabled": True, "generation": True},
+                "cache": {"enabled": True, "generation": True, **cache},
             },
             embedders={"fake-embedder": FakeEmbedder()},
             generators=handles,

@@ -1,6 +1,7 @@
 """The Redis backend of the result cache against a real `redis-server` (Debian's package,
 which `make test` installs when it is missing and we are root) on a free port: shared
-between two ingress replicas, binary values, TTL, and faults that never fail a request."""
+between two ingress replicas (embeddings and greedy completions), binary values, TTL, and
+faults that never fail a request."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ from deployments.core.model_cache import ModelCache
 from deployments.core.protocol import EmbedJob, EmbedResult
 from deployments.ingress.item_cache import ItemCaches, cached_run
 from deployments.ingress.redis_store import RedisStore
+from tests.integration.test_generation_cache_route import GREEDY, App, events_of
+from tests.integration.test_generation_route import MODEL as LLM
+from tests.integration.test_generation_route import client_of
 
 MODEL = "m"
 
@@ -214,3 +218,18 @@ async def test_the_real_model_through_redis_hits_bitwise_and_skips_the_model(
     # bit on some CPUs): the two distinct texts.
     fresh = (await real_model(EmbedJob(texts=texts[:2]))).vectors[[0, 1, 0]]
     assert second.vectors.tobytes() == fresh.tobytes() == first.vectors.tobytes()
+
+
+async def test_greedy_completions_are_shared_through_redis(redis_server: RedisProcess) -> None:
+    one, two = (App(backend="redis", url=redis_server.url) for _ in range(2))
+    stream = {**GREEDY, "stream": True, "stream_options": {"include_usage": True}}
+    async with client_of(one.app) as client:
+        live = events_of(await client.post("/v1/chat/completions", json=stream))
+    written = one.ingress.cache.of(LLM)
+    assert written is not None
+    await written.flush()  # the streamed miss's entry is written behind its [DONE]
+    async with client_of(two.app) as client:
+        hit = (await client.post("/v1/chat/completions", json=GREEDY)).json()
+    assert live[-1]["usage"]["cached_inputs"] == 0 and hit["usage"]["cached_inputs"] == 1
+    assert hit["choices"][0]["message"]["content"] == "hello world"
+    assert (len(one.fake.calls), len(two.fake.calls)) == (1, 0)
