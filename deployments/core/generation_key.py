@@ -54,5 +54,7 @@ def job_content(job: GenerationJob) -> bytes:
         for f in dataclasses.fields(job)
         if f.name not in NOT_IN_KEY and f.name not in SAMPLING_ONLY
     }
-    # ASCII-escaped: a lone surrogate (valid in a JSON string) must not fail the key.
-    return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+    # ASCII-escaped: a lone surrogate (valid in a JSON string) must not fail the key;
+    # `repr` for a value JSON has no type for, so a field added later cannot either.
+    compact = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=repr)
+    return compact.encode()
