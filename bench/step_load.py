@@ -42,9 +42,7 @@ STEPS = (2.0, 10.0, 60.0, 10.0, 2.0)
 WARMUP_S = 3.0
 
 
-def model_entry(
-    name: str, adaptive: bool, target_ms: float, model_nice: int | None = None
-) -> dict[str, Any]:
+def model_entry(name: str, adaptive: bool, target_ms: float) -> dict[str, Any]:
     defaults = load_config()["applications"][0]["args"]["embedding_models"][0]
     batching = json.loads(json.dumps(defaults["batching"]))
     batching["adaptive"] = adaptive
@@ -53,8 +51,6 @@ def model_entry(
         # The ceiling the default lowers by hand so realtime is not blocked; here the
         # target does that job.
         batching["batch"]["max_batch_tokens"] = 16384
-    if model_nice is not None:
-        defaults = {**defaults, "model_nice": model_nice}
     return {
         **defaults,
         "name": name,
@@ -63,12 +59,12 @@ def model_entry(
     }
 
 
-def app_config(target_ms: float, model_nice: int | None = None) -> dict[str, Any]:
+def app_config(target_ms: float) -> dict[str, Any]:
     config = load_config()
     args = config["applications"][0]["args"]
     args["embedding_models"] = [
-        model_entry("fixed", False, target_ms, model_nice),
-        model_entry("adaptive", True, target_ms, model_nice),
+        model_entry("fixed", False, target_ms),
+        model_entry("adaptive", True, target_ms),
     ]
     args.pop("rerank_models", None)
     args.pop("generation_models", None)
@@ -135,10 +131,9 @@ def run(
     step_s: float,
     rounds: int,
     steps: tuple[float, ...] = STEPS,
-    model_nice: int | None = None,
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    config = app_config(target_ms, model_nice)
+    config = app_config(target_ms)
     with (
         tempfile.TemporaryDirectory() as workdir,
         running_server(config, Path(workdir), mode=DEFAULT_MODE) as server,
@@ -206,15 +201,9 @@ def main(argv: list[str] | None = None) -> None:
         help="bulk requests/s at each step, comma-separated (a faster machine needs a "
         "higher middle step to saturate)",
     )
-    parser.add_argument(
-        "--model-nice",
-        type=int,
-        default=None,
-        help="model_nice of both models (default: serve_config.yaml's)",
-    )
     args = parser.parse_args(argv)
     steps = tuple(float(rate) for rate in args.steps.split(","))
-    rows = run(args.target_ms, args.step_s, args.rounds, steps, args.model_nice)
+    rows = run(args.target_ms, args.step_s, args.rounds, steps)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     print(render(rows, args.target_ms, steps))
