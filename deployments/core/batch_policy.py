@@ -5,7 +5,9 @@ Three rules:
 
 - **No wait for a batch that will not fill.** A class that receives less than one item per
   batch window gains nothing by waiting, so its items go at once. This is what a lone client
-  pays for otherwise: the whole window, every request.
+  pays for otherwise: the whole window, every request. Only items that found company count
+  (`BatchTuner.arrived`): a lone client that sends its next request the moment it has an
+  answer arrives often, yet never while its last one waits.
 - **A class with a latency target bounds its own batches.** Its p99 is roughly its wait plus
   the pass it may find running at the gate plus its own pass. A share (`TARGET_SHARE`) of the
   target, less the wait, is split evenly between those two passes: the *slot*. The class's

@@ -47,8 +47,14 @@ class BatchTuner:
             for latency in latencies_s:
                 control.observe(latency)
 
-    def arrived(self, name: str, items: int) -> None:
-        self._arrivals[name].add(items)
+    def arrived(self, name: str, items: int, company: bool = True) -> None:
+        """`items` of class `name` reached the replica. `company`: other jobs of the class
+        were there already (queued or in a pass), or the call brought several. Only such
+        items say that waiting could fill a batch: a lone client's next request cannot
+        arrive while it waits for this one, however fast it sends, and counting it would
+        make it wait out the window on every request."""
+        if company:
+            self._arrivals[name].add(items)
 
     def set_memory_ceiling(self, tokens: int | None) -> None:
         """The padded tokens the warm-up probe measured room for: no plan goes above it."""

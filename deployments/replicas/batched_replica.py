@@ -94,6 +94,7 @@ class BatchedReplica:
         self.metrics = build_metrics()
         self.reconfigure(batching.model_dump())
         self._live: dict[str, JobState] = {}
+        self._jobs_here = dict.fromkeys(ALL_PRIORITIES, 0)  # per class, queued or in a pass
         self._counts = {"batches": 0, "items": 0, "expired_items": 0, "client_gone_items": 0}
         self._class_counts = {p: {"batches": 0, "items": 0} for p in ALL_PRIORITIES}
         self._recent_drops: deque[dict[str, str]] = deque(maxlen=256)
@@ -199,8 +200,8 @@ class BatchedReplica:
                 self.config.name, priority.label, plan.max_batch_tokens, plan.wait_s
             )
 
-    def _arrived(self, priority: Priority, items: int) -> None:
-        self.tuner.arrived(priority.label, items)
+    def _arrived(self, priority: Priority, items: int, company: bool) -> None:
+        self.tuner.arrived(priority.label, items, company)
         self._apply_plans()
 
     def batching_info(self) -> dict[str, Any]:
@@ -245,6 +246,8 @@ class BatchedReplica:
         ]
         for job, state in zip(jobs, states, strict=True):
             self._live[job.job_id] = state
+        company = len(jobs) > 1 or self._jobs_here[klass] > 0
+        self._jobs_here[klass] += len(jobs)
         try:
             return await run_jobs(
                 self.task,
@@ -252,7 +255,7 @@ class BatchedReplica:
                 states,
                 self._budgets[klass],
                 self._runners[klass],
-                on_planned=lambda items: self._arrived(klass, items),
+                on_planned=lambda items: self._arrived(klass, items, company),
             )
         except asyncio.CancelledError:
             # Serve cancels the call when every client of it went away.
@@ -260,6 +263,7 @@ class BatchedReplica:
                 state.cancelled = True
             raise
         finally:
+            self._jobs_here[klass] -= len(jobs)
             for job in jobs:
                 self._live.pop(job.job_id, None)
 

@@ -131,3 +131,21 @@ def test_the_tuner_uses_the_live_slot() -> None:
     after = tuner.plans()["batch"].max_batch_tokens
     assert after < before
     assert tuner.report()["targets"]["realtime"]["recent_p95_ms"] == 59.0
+
+
+def test_a_lone_client_never_waits_however_fast_it_sends() -> None:
+    clock = Clock()
+    tuner = BatchTuner(list(LIMITS), clock=clock)
+    tuner.configure(LIMITS, adaptive=True)
+    # 400 requests/s from one closed-loop client: each arrives with nothing else of its
+    # class at the replica, so no wait could have brought it company.
+    for _ in range(400):
+        clock.now += 0.0025
+        tuner.arrived("normal", 1, company=False)
+    assert tuner.plans()["normal"].wait_s == 0.0
+    assert tuner.plans()["normal"].why.startswith("idle")
+    # The same rate from clients that overlap: waiting fills batches, so the window holds.
+    for _ in range(400):
+        clock.now += 0.0025
+        tuner.arrived("normal", 1, company=True)
+    assert tuner.plans()["normal"].wait_s == LIMITS["normal"].wait_s
