@@ -153,7 +153,8 @@ class ModelCache:
                     del self._writing[key]
 
     async def flush(self) -> None:
-        """Wait for the writes behind (tests, shutdown)."""
+        """Wait for the writes behind (tests and benchmarks; the ingress never waits: a
+        write lost at shutdown costs a later miss, nothing more)."""
         while self._writes:
             await asyncio.gather(*self._writes, return_exceptions=True)
 
