@@ -107,9 +107,12 @@ def summary(result: OpenLoopResult, texts_per_request: int = 1) -> dict[str, Any
     }
 
 
+def model_stats(port: int, model: str) -> dict[str, Any]:
+    return httpx.get(f"http://127.0.0.1:{port}/v1/stats", timeout=30).json()["models"][model]
+
+
 def replica(port: int, model: str) -> dict[str, Any]:
-    stats = httpx.get(f"http://127.0.0.1:{port}/v1/stats", timeout=30).json()
-    return stats["models"][model]["replica"]
+    return model_stats(port, model)["replica"]
 
 
 def drained(port: int, model: str, timeout_s: float = 120) -> None:
@@ -146,6 +149,8 @@ def run(
                 for model in order:
                     before = replica(server.port, model)
                     got = asyncio.run(one_step(server.port, model, rate, step_s))
+                    # Before the drain: the ingress keeps its last 30 s, this step's.
+                    at_ingress = model_stats(server.port, model)["classes"]["realtime"]
                     drained(server.port, model)
                     after = replica(server.port, model)
                     got.update(
@@ -153,6 +158,7 @@ def run(
                         step=step,
                         bulk_rate=rate,
                         model=model,
+                        ingress_realtime_p99_ms=at_ingress["p99_ms"],
                         mean_batch={k: mean_batch(before, after, k) for k in ("realtime", "batch")},
                         plans=after.get("plans"),
                         targets=after.get("targets"),

@@ -13,13 +13,19 @@ Three rules:
   target, less the wait, is split evenly between those two passes: the *slot*. The class's
   token budget is what the cost model says fits in the slot.
 - **The slot follows what the class measures.** The split above is only where the slot
-  starts. Each targeted class keeps the time its recent items spent at the replica (arrival
-  to the end of their pass); when their 95th percentile passes `TARGET_SHARE` of the target
-  the slot shrinks by a fifth (at once when one item misses the target); while it stays under
-  `GROW_BELOW` of the target and passes are filling the slot's budget, it grows by a tenth,
-  up to the share itself. So a model that is slower than its fit under load (the
-  CPU shared with the ingress, say) gets shorter passes, and a comfortable target lets
-  batches grow.
+  starts. Each targeted class keeps the latency its recent items saw, from their request's
+  arrival at the ingress to the end of their pass (the ingress says how long each job had
+  spent with it when the call left, so its queue counts too); when their 99th
+  percentile passes `TARGET_SHARE` of the target the slot shrinks by a fifth (at once when
+  one item misses the target); while it stays under `GROW_BELOW` of the target and passes
+  are filling the slot's budget, it grows by a tenth (a quarter when far under), up to the
+  share itself. So a model that is slower than its fit under load (the CPU shared with the
+  ingress, say) gets shorter passes, and a comfortable target lets batches grow.
+- **Only evidence about the slot as it is moves it.** An item that reached the replica
+  before the slot last moved waited behind passes planned with the old slot: it is not
+  counted, and the window starts afresh at each move. Otherwise one stall would shrink the
+  slot once for every item caught in it, down to the floor, and growing back takes far
+  longer than falling.
 - **Every class respects the tightest slot.** The model runs one pass at a time and a pass
   is not interrupted, so a realtime item may have to wait for a batch-class pass that was
   already running. The batch class therefore keeps its passes within the realtime slot too:
@@ -30,6 +36,9 @@ Until the cost model has a fit (the first few passes after start), the ceilings 
 
 from __future__ import annotations
 
+import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from deployments.core.cost_model import CostFit
@@ -37,12 +46,12 @@ from deployments.core.cost_model import CostFit
 # The part of a target that the wait and the two passes may use; the rest is left for what
 # the model does not see (the hops before the replica, queueing behind other batches of the
 # class, a noisy machine).
-TARGET_SHARE = 0.8
+TARGET_SHARE = 0.75
 # A slot is never shorter than this many times a pass's fixed overhead (the fitted
 # intercept), where the overhead would be most of the pass.
 SLOT_FLOOR_INTERCEPTS = 2.0
-# A slot grows while its class's recent p95 stays under this share of the target.
-GROW_BELOW = 0.6
+# A slot grows while its class's recent p99 stays under this share of the target.
+GROW_BELOW = 0.5
 
 
 @dataclass(frozen=True)
@@ -73,43 +82,61 @@ class BatchPlan:
 
 
 class SlotControl:
-    """One targeted class's slot, moved by the latencies its items saw at the replica."""
+    """One targeted class's slot, moved by the latencies its items saw."""
 
     WINDOW = 64
     EVERY = 16
 
-    def __init__(self, limits: ClassLimits) -> None:
+    def __init__(self, limits: ClassLimits, clock: Callable[[], float] = time.monotonic) -> None:
         assert limits.target_s is not None
         self.target_s = limits.target_s
         self.ceiling_s = max(limits.target_s * TARGET_SHARE - limits.wait_s, 0.0)
         self.slot_s = self.ceiling_s / 2
-        self._recent: list[float] = []
+        self._clock = clock
+        self._recent: list[float] = []  # every item's, for the report
+        self._fresh: list[float] = []  # those that arrived since the slot last moved
         self._new = 0
         self._binding = False
+        self._moved_at = -math.inf
 
-    def observe(self, latency_s: float) -> None:
+    def observe(self, latency_s: float, arrived_s: float | None = None) -> None:
+        """One item's latency; `arrived_s`, when it reached the replica (the clock's time),
+        tells whether it saw the slot as it is now."""
         self._recent.append(latency_s)
         del self._recent[: -self.WINDOW]
+        if arrived_s is not None and arrived_s < self._moved_at:
+            return
+        self._fresh.append(latency_s)
+        del self._fresh[: -self.WINDOW]
         if latency_s > self.target_s:
             # Already late: shrink now rather than after the next EVERY items, which at a
             # few realtime requests a second would be seconds of more misses.
-            self._shrink()
-            self._new = 0
+            self._move(max(self.slot_s * 0.8, self._floor()))
             return
         self._new += 1
         if self._new < self.EVERY:
             return
         self._new = 0
-        if self._high() > self.target_s * TARGET_SHARE:
-            self._shrink()
-        elif self._high() < self.target_s * GROW_BELOW and self._binding:
-            self.slot_s = min(self.slot_s * 1.1, self.ceiling_s)
+        high = _p99(self._fresh)
+        if high > self.target_s * TARGET_SHARE:
+            self._move(max(self.slot_s * 0.8, self._floor()))
+        elif high < self.target_s * GROW_BELOW and self._binding:
+            step = 1.25 if high < self.target_s * GROW_BELOW / 2 else 1.1
+            self._move(min(self.slot_s * step, self.ceiling_s))
         self._binding = False
 
-    def _shrink(self) -> None:
+    def _floor(self) -> float:
         # Not below an eighth of the ceiling: misses that shorter passes cannot cure (a
         # machine busy with other work) must not ratchet the batches down to one row.
-        self.slot_s = max(self.slot_s * 0.8, self.ceiling_s / 8)
+        return self.ceiling_s / 8
+
+    def _move(self, slot_s: float) -> None:
+        if slot_s == self.slot_s:
+            return
+        self.slot_s = slot_s
+        self._moved_at = self._clock()
+        self._fresh.clear()
+        self._new = 0
 
     def note_binding(self) -> None:
         """A pass filled the budget this slot set: a larger slot would have been used.
@@ -117,17 +144,19 @@ class SlotControl:
         long a pass may be."""
         self._binding = True
 
-    def _high(self) -> float:
-        """The window's 95th percentile: a p99 of 64 items is their one worst, and one
-        stall of a shared machine should not halve the batches."""
-        ordered = sorted(self._recent)
-        return ordered[max(0, round(0.95 * len(ordered)) - 1)] if ordered else 0.0
-
     def report(self) -> dict[str, float]:
         return {
             "slot_ms": round(self.slot_s * 1e3, 2),
-            "recent_p95_ms": round(self._high() * 1e3, 2),
+            "recent_p99_ms": round(_p99(self._recent) * 1e3, 2),
         }
+
+
+def _p99(latencies_s: list[float]) -> float:
+    """A window's 99th percentile (nearest rank): the target's own measure. Of 64 items it
+    is their worst; one stall then moves the slot once, not once per item it caught,
+    because the items that saw the old slot are not counted after a move."""
+    ordered = sorted(latencies_s)
+    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)] if ordered else 0.0
 
 
 def slot_s(limits: ClassLimits) -> float | None:

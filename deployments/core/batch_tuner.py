@@ -25,6 +25,7 @@ class BatchTuner:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.cost = CostModel()
+        self._clock = clock
         self._arrivals = {name: ArrivalRate(clock=clock) for name in classes}
         self._tokens_per_row = 0.0  # a running mean of the padded row length
         self._limits: dict[str, ClassLimits] = {}
@@ -37,15 +38,21 @@ class BatchTuner:
         self._limits = dict(limits)
         self.adaptive = adaptive
         self._slots = {
-            name: SlotControl(one) for name, one in limits.items() if one.target_s is not None
+            name: SlotControl(one, self._clock)
+            for name, one in limits.items()
+            if one.target_s is not None
         }
 
-    def waited(self, name: str, latencies_s: list[float]) -> None:
-        """How long a pass's jobs of class `name` spent at the replica, arrival to end."""
+    def waited(self, name: str, jobs: list[tuple[float, float]]) -> None:
+        """A pass's jobs of class `name`: when each reached the replica, and its latency
+        from its request's arrival at the ingress to the end of the pass. Until the cost
+        model has a fit the slot plans nothing, so what the jobs saw says nothing of it
+        (the first passes of a replica are slow for reasons of their own)."""
         control = self._slots.get(name)
-        if control is not None:
-            for latency in latencies_s:
-                control.observe(latency)
+        if control is None or self.cost.current is None:
+            return
+        for arrived, latency in jobs:
+            control.observe(latency, arrived)
 
     def arrived(self, name: str, items: int, company: bool = True) -> None:
         """`items` of class `name` reached the replica. `company`: other jobs of the class

@@ -63,16 +63,23 @@ class ClassQueues(Generic[Job, Outcome]):
     def queued_items(self) -> dict[Priority, int]:
         return {p: c.queued_items for p, c in self._coalescers.items()}
 
-    async def submit(self, priority: Priority, job: Job, deadline: float | None) -> Outcome:
+    async def submit(
+        self,
+        priority: Priority,
+        job: Job,
+        deadline: float | None,
+        since: float | None = None,
+    ) -> Outcome:
         """The job's outcome. Raises Refused when admission turns it away, or
-        DeadlineExpired when `deadline` (event-loop clock) passes first."""
+        DeadlineExpired when `deadline` (event-loop clock) passes first. `since`: when the
+        job's request arrived (time.monotonic())."""
         size = self._size_of(job)
         refusal = self._admission.check(priority, size, self.queued_items(), self._meter.rate())
         if refusal is not None:
             key = (priority, refusal.reason)
             self._refused[key] = self._refused.get(key, 0) + 1
             raise Refused(priority, refusal)
-        outcome = await self._coalescers[priority].submit(job, deadline)
+        outcome = await self._coalescers[priority].submit(job, deadline, since)
         self._meter.add(size)
         return outcome
 

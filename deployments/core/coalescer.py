@@ -8,6 +8,10 @@ as one call carrying one job per request, as soon as a call returns. Under light
 request goes out at once on its own; under heavy load groups grow by themselves, with no
 timer to tune.
 
+Each call also tells the model how long each of its jobs has spent so far (from `since`,
+when its request reached the ingress), so that a replica judging a class's latency target
+sees the time before it too.
+
 A job whose deadline passes while it waits here never leaves; one whose client goes away
 is dropped, and once every job of a call is gone the call itself is cancelled. When only
 some jobs of a call are gone, `on_abandon` tells the caller, which can tell the model.
@@ -16,6 +20,7 @@ some jobs of a call are gone, `on_abandon` tells the caller, which can tell the 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -25,8 +30,9 @@ from typing import Generic, TypeVar
 Job = TypeVar("Job")
 Outcome = TypeVar("Outcome")
 
-# send(jobs, seconds left per job (None = no deadline)) -> one outcome per job, in order
-Send = Callable[[list[Job], list[float | None]], Awaitable[list[Outcome]]]
+# send(jobs, seconds left per job (None = no deadline), seconds each job has spent since its
+# request arrived) -> one outcome per job, in order
+Send = Callable[[list[Job], list[float | None], list[float]], Awaitable[list[Outcome]]]
 
 
 class DeadlineExpired(Exception):
@@ -46,6 +52,9 @@ class _Waiting(Generic[Job, Outcome]):
     size: int
     future: asyncio.Future[Outcome]
     deadline: float | None  # on the event loop's clock
+    # When the job's request arrived, on time.monotonic()'s clock: a loop's own clock may
+    # be another (uvloop's counts milliseconds), and the request's start was read there.
+    since: float
     state: _State = _State.QUEUED
     call: _Call | None = None
 
@@ -112,11 +121,18 @@ class Coalescer(Generic[Job, Outcome]):
         self._stats.queued_items = self._now.queued_items
         return self._stats
 
-    async def submit(self, job: Job, deadline: float | None = None) -> Outcome:
-        """The job's outcome; DeadlineExpired once the loop's clock passes `deadline`."""
+    async def submit(
+        self, job: Job, deadline: float | None = None, since: float | None = None
+    ) -> Outcome:
+        """The job's outcome; DeadlineExpired once the loop's clock passes `deadline`.
+        `since`: when its request arrived (time.monotonic()); now when not given."""
         loop = asyncio.get_running_loop()
         waiting: _Waiting[Job, Outcome] = _Waiting(
-            job, self._size_of(job), loop.create_future(), deadline
+            job,
+            self._size_of(job),
+            loop.create_future(),
+            deadline,
+            time.monotonic() if since is None else since,
         )
         self._pending.append(waiting)
         self._now.queued_jobs += 1
@@ -213,8 +229,10 @@ class Coalescer(Generic[Job, Outcome]):
         stats.largest_call_jobs = max(stats.largest_call_jobs, len(group))
         now = loop.time()
         time_left = [None if w.deadline is None else w.deadline - now for w in group]
+        sent_at = time.monotonic()
+        spent = [max(sent_at - w.since, 0.0) for w in group]
         try:
-            outcomes = await self._send([w.job for w in group], time_left)
+            outcomes = await self._send([w.job for w in group], time_left, spent)
             if len(outcomes) != len(group):
                 raise RuntimeError(
                     f"downstream returned {len(outcomes)} outcomes for {len(group)} jobs"

@@ -23,6 +23,7 @@ from deployments.core.metrics import TributaryMetrics
 from deployments.core.priority import ALL_PRIORITIES, Priority
 from deployments.errors import DeadlineExceeded, Overloaded
 from deployments.ingress.call_errors import RAY_CALL_ERRORS, ray_call_error
+from deployments.ingress.observe import request_started
 
 logger = logging.getLogger("ray.serve")
 
@@ -62,9 +63,11 @@ class ModelClient:
 
     def _sender(self, priority: Priority) -> Send[Any, Any]:
         # Jobs are EmbedJob or RerankJob, outcomes theirs; only the method differs.
-        async def send(jobs: list[Any], time_left: list[float | None]) -> list[Any]:
+        async def send(
+            jobs: list[Any], time_left: list[float | None], spent: list[float]
+        ) -> list[Any]:
             method = getattr(self._handle, self._method)
-            response = method.remote(priority.label, jobs, time_left)
+            response = method.remote(priority.label, jobs, time_left, spent)
             try:
                 return await response
             except asyncio.CancelledError:
@@ -103,7 +106,9 @@ class ModelClient:
         that passed becomes the API's error."""
         try:
             self._report_depth(priority)
-            return await self.queues.submit(priority, job, loop_deadline(timeout_s))
+            return await self.queues.submit(
+                priority, job, loop_deadline(timeout_s), since=request_started()
+            )
         except Refused as exc:
             refusal = exc.refusal
             verb = "is shedding" if refusal.reason == "shed" else "has a full queue for"

@@ -59,6 +59,13 @@ def note_request(
         record.items = items
 
 
+def request_started() -> float | None:
+    """When the request being served reached this ingress (time.monotonic()); None outside
+    an `@observed` method."""
+    record = _current.get()
+    return None if record is None else record.started
+
+
 class RequestObserver:
     def __init__(self, metrics: TributaryMetrics) -> None:
         self.metrics = metrics

@@ -42,6 +42,9 @@ class JobState:
     cancelled: bool = False
     # When the job reached this replica: its items' queue wait is measured from here.
     arrived: float = field(default_factory=time.monotonic)
+    # When its request reached the ingress, on this process's clock (the ingress sends
+    # how long ago): the latency a class's target is judged by starts here.
+    began: float = field(default_factory=time.monotonic)
 
     def drop_reason(self, now: float) -> str | None:
         # Expiry first: the ingress also cancels a call whose only job ran out of time.

@@ -234,15 +234,26 @@ class BatchedReplica:
         }
 
     async def _run_call(
-        self, priority: str, jobs: list[Any], time_left_s: list[float | None]
+        self,
+        priority: str,
+        jobs: list[Any],
+        time_left_s: list[float | None],
+        spent_s: list[float] | None = None,
     ) -> list[Any]:
         """One call from the ingress: `jobs` of one class, each with a `JobState` known to
-        `forget` meanwhile, through the lifecycle with the class's `@serve.batch` queue."""
+        `forget` meanwhile, through the lifecycle with the class's `@serve.batch` queue.
+        `spent_s`: how long each job had been at the ingress when the call left."""
         klass = Priority.parse(priority)
         now = time.monotonic()
+        spent = spent_s if spent_s is not None else [0.0] * len(jobs)
         states = [
-            JobState(job.request_id, None if left is None else now + left)
-            for job, left in zip(jobs, time_left_s, strict=True)
+            JobState(
+                job.request_id,
+                None if left is None else now + left,
+                arrived=now,
+                began=now - before,
+            )
+            for job, left, before in zip(jobs, time_left_s, spent, strict=True)
         ]
         for job, state in zip(jobs, states, strict=True):
             self._live[job.job_id] = state
@@ -338,7 +349,8 @@ class BatchedReplica:
 
     def _measure(self, priority: Priority, live: list[Any], started: float) -> None:
         # Queue wait once per job in the batch: its items arrived together.
-        arrivals = {id(item.state): item.state.arrived for item in live}
+        states = {id(item.state): item.state for item in live}
+        arrivals = {key: state.arrived for key, state in states.items()}
         padded_tokens = len(live) * max(item.tokens for item in live)
         inference_s = time.monotonic() - started
         self.metrics.batch_ran(
@@ -351,7 +363,11 @@ class BatchedReplica:
         )
         self.tuner.ran(priority.label, len(live), padded_tokens, inference_s)
         ended = time.monotonic()
-        self.tuner.waited(priority.label, [ended - arrived for arrived in arrivals.values()])
+        # From the ingress's arrival, not this replica's: a target is the client's, and
+        # under load the ingress's queue and the hop here are part of what it waits.
+        self.tuner.waited(
+            priority.label, [(state.arrived, ended - state.began) for state in states.values()]
+        )
         self._apply_plans()
         fit = self.tuner.cost.current
         if fit is not None:

@@ -79,6 +79,10 @@ class Embedder(BatchedReplica):
         }
 
     async def embed_jobs(
-        self, priority: str, jobs: list[EmbedJob], time_left_s: list[float | None]
+        self,
+        priority: str,
+        jobs: list[EmbedJob],
+        time_left_s: list[float | None],
+        spent_s: list[float] | None = None,
     ) -> list[EmbedOutcome]:
-        return await self._run_call(priority, jobs, time_left_s)
+        return await self._run_call(priority, jobs, time_left_s, spent_s)

@@ -99,6 +99,10 @@ class Reranker(BatchedReplica):
         }
 
     async def rerank_jobs(
-        self, priority: str, jobs: list[RerankJob], time_left_s: list[float | None]
+        self,
+        priority: str,
+        jobs: list[RerankJob],
+        time_left_s: list[float | None],
+        spent_s: list[float] | None = None,
     ) -> list[RerankOutcome]:
-        return await self._run_call(priority, jobs, time_left_s)
+        return await self._run_call(priority, jobs, time_left_s, spent_s)

@@ -41,6 +41,7 @@ class FakeEmbedder:
         self.calls: list[list[EmbedJob]] = []
         self.priorities: list[str] = []
         self.time_left: list[list[float | None]] = []
+        self.spent: list[list[float]] = []
         self.forgotten: list[str] = []
         self.cancelled_calls = 0
         self.fail: Exception | None = None
@@ -52,11 +53,16 @@ class FakeEmbedder:
         self.info = _Method(self._info)
 
     async def _embed_jobs(
-        self, priority: str, jobs: list[EmbedJob], time_left: list[float | None]
+        self,
+        priority: str,
+        jobs: list[EmbedJob],
+        time_left: list[float | None],
+        spent: list[float],
     ) -> list[EmbedOutcome]:
         self.calls.append(jobs)
         self.priorities.append(priority)
         self.time_left.append(time_left)
+        self.spent.append(spent)
         try:
             await self.gate.wait()
         except asyncio.CancelledError:

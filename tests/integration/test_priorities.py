@@ -130,6 +130,21 @@ async def test_the_deadline_travels_with_the_job(
     assert 4 < default <= 5  # the realtime class default in the test config
 
 
+async def test_the_time_a_request_waited_at_the_ingress_travels_with_its_job(
+    client: httpx.AsyncClient, harness: Harness
+) -> None:
+    harness.embedder.gate.clear()
+    held = asyncio.create_task(post(client, "first"))
+    await settle()
+    queued = asyncio.create_task(post(client, "second"))  # waits behind the held call
+    await asyncio.sleep(0.3)
+    harness.embedder.gate.set()
+    assert (await held).status_code == 200 and (await queued).status_code == 200
+    (first,), (second,) = harness.embedder.spent
+    assert 0 <= first < 0.3
+    assert 0.3 <= second < 5  # the replica judges a latency target from the ingress on
+
+
 async def test_a_sent_request_past_its_deadline_gets_504_at_the_deadline(
     client: httpx.AsyncClient, harness: Harness
 ) -> None:

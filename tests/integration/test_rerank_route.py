@@ -31,7 +31,11 @@ class FakeReranker:
         self.info = _Method(self._info)
 
     async def _rerank_jobs(
-        self, priority: str, jobs: list[RerankJob], time_left: list[float | None]
+        self,
+        priority: str,
+        jobs: list[RerankJob],
+        time_left: list[float | None],
+        spent: list[float],
     ) -> list[RerankOutcome]:
         self.calls.append(jobs)
         await asyncio.sleep(0.01)

@@ -14,15 +14,19 @@ class FakeModel:
     def __init__(self) -> None:
         self.calls: list[list[list[str]]] = []
         self.time_left: list[list[float | None]] = []
+        self.spent: list[list[float]] = []
         self.cancelled: list[list[list[str]]] = []
         self.gate = asyncio.Event()
         self.gate.set()
         self.fail_with: Exception | None = None
         self.fail_on: str | None = None  # fail any call with a job holding this text
 
-    async def send(self, jobs: list[list[str]], time_left: list[float | None]) -> list[str]:
+    async def send(
+        self, jobs: list[list[str]], time_left: list[float | None], spent: list[float]
+    ) -> list[str]:
         self.calls.append(jobs)
         self.time_left.append(time_left)
+        self.spent.append(spent)
         try:
             await self.gate.wait()
         except asyncio.CancelledError:

@@ -8,6 +8,7 @@ from typing import Any
 
 from deployments.config import ModelBatching
 from deployments.core.batch_budget import BatchBudget
+from deployments.core.batch_policy import TARGET_SHARE
 from deployments.core.metrics import (
     BATCH_ITEMS,
     BATCH_SIZE,
@@ -86,3 +87,21 @@ async def test_a_pass_with_nothing_live_records_no_batch() -> None:
     await model._forward(Priority.BATCH, [Item([1], BatchBudget(8, 64), state)])
     assert model.recorder.values(BATCH_SIZE) == []
     assert model.recorder.values(DROPPED_ITEMS, priority="batch", reason="deadline") == [1]
+
+
+async def test_a_targeted_class_is_judged_from_its_arrival_at_the_ingress() -> None:
+    model = FakeModel()
+    batching = ModelBatching().model_dump()
+    batching["realtime"]["target_p99_ms"] = 100
+    model.reconfigure(batching)
+    for rows in range(1, 17):  # a fit, so the slot is in charge
+        model.tuner.ran("realtime", rows, rows * 8, 0.001 + 0.0005 * rows)
+    now = time.monotonic()
+    # At the replica for 10 ms; its request reached the ingress 300 ms ago.
+    state = JobState("r1", deadline=None, arrived=now - 0.01, began=now - 0.3)
+    await model._forward(Priority.REALTIME, [Item([1, 2], BatchBudget(8, 64), state)])
+    targets = model.tuner.report()["targets"]["realtime"]
+    assert targets["recent_p99_ms"] >= 300
+    # 300 ms misses the 100 ms target: the slot shrank at once.
+    wait_ms = batching["realtime"]["batch_wait_timeout_s"] * 1e3
+    assert targets["slot_ms"] < (100 * TARGET_SHARE - wait_ms) / 2

@@ -20,7 +20,9 @@ class FakeModel:
         self.gate = asyncio.Event()
         self.gate.set()
 
-    async def send(self, jobs: list[list[str]], time_left: list[float | None]) -> list[str]:
+    async def send(
+        self, jobs: list[list[str]], time_left: list[float | None], spent: list[float]
+    ) -> list[str]:
         self.calls.append(jobs)
         await self.gate.wait()
         return ["+".join(job) for job in jobs]

@@ -120,7 +120,9 @@ async def test_a_failed_call_does_not_stop_the_queue_behind_it() -> None:
 
 
 async def test_a_wrong_number_of_outcomes_is_an_error_for_every_request() -> None:
-    async def short(jobs: list[list[str]], time_left: list[float | None]) -> list[str]:
+    async def short(
+        jobs: list[list[str]], time_left: list[float | None], spent: list[float]
+    ) -> list[str]:
         return ["only one"]
 
     coalescer: Coalescer[list[str], str] = Coalescer(

@@ -1,6 +1,7 @@
 """The coalescer and deadlines: expired jobs are never sent, and a sent one expires on time."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -157,7 +158,7 @@ async def test_an_answer_arriving_as_the_deadline_fires_is_delivered(
     deadline = clock.now + 1
 
     async def answers_at_the_deadline(
-        jobs: list[list[str]], time_left: list[float | None]
+        jobs: list[list[str]], time_left: list[float | None], spent: list[float]
     ) -> list[str]:
         clock.now = deadline  # the deadline's timer is due in the next loop turn ...
         await asyncio.sleep(0)
@@ -169,3 +170,16 @@ async def test_an_answer_arriving_as_the_deadline_fires_is_delivered(
     outcome = await asyncio.gather(coalescer.submit(["a"], deadline), return_exceptions=True)
     assert outcome == ["done"]
     assert_drained(coalescer)
+
+
+async def test_send_is_told_how_long_each_job_has_been_at_the_ingress() -> None:
+    model = FakeModel()
+    coalescer = make(model)
+    then = time.monotonic()
+    job = asyncio.create_task(coalescer.submit(["a"], since=then - 2.0))
+    assert await job == "a"
+    later = asyncio.create_task(coalescer.submit(["b"]))  # since: when it was queued
+    assert await later == "b"
+    ((early,), (fresh,)) = model.spent
+    assert 2.0 <= early < 2.0 + (time.monotonic() - then)
+    assert 0.0 <= fresh < 1.0
