@@ -3,9 +3,11 @@
 
 Embed and rerank: one job is one HTTP request; the ingress sends the jobs of one priority
 class (its concurrent requests) in a single call, with the seconds each has left before its
-deadline, and gets back one outcome per job, in order. A job that cannot be served (too
-long, bad token ids, out of time) gets a `Rejection` without failing the other jobs of its
-call. Generation: one job per call; chunks stream back, or a `Rejection` instead of any.
+deadline and the seconds each has already spent at the ingress (a latency target is judged
+from the request's arrival there), and gets back one outcome per job, in order. A job that
+cannot be served (too long, bad token ids, out of time) gets a `Rejection` without failing the
+other jobs of its call. Generation: one job per call; chunks stream back, or a `Rejection`
+instead of any.
 """
 
 from __future__ import annotations
