@@ -364,7 +364,8 @@ class BatchedReplica:
         self.tuner.ran(priority.label, len(live), padded_tokens, inference_s)
         ended = time.monotonic()
         # From the ingress's arrival, not this replica's: a target is the client's, and
-        # under load the ingress's queue and the hop here are part of what it waits.
+        # under load the ingress's queue is part of what it waits. (The hop here is not:
+        # the ingress can only say what was spent when the call left.)
         self.tuner.waited(
             priority.label, [(state.arrived, ended - state.began) for state in states.values()]
         )
