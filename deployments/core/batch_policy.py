@@ -111,7 +111,7 @@ class SlotControl:
         if latency_s > self.target_s:
             # Already late: shrink now rather than after the next EVERY items, which at a
             # few realtime requests a second would be seconds of more misses.
-            self._move(max(self.slot_s * 0.8, self._floor()))
+            self._shrink()
             return
         self._new += 1
         if self._new < self.EVERY:
@@ -119,16 +119,16 @@ class SlotControl:
         self._new = 0
         high = _p99(self._fresh)
         if high > self.target_s * TARGET_SHARE:
-            self._move(max(self.slot_s * 0.8, self._floor()))
+            self._shrink()
         elif high < self.target_s * GROW_BELOW and self._binding:
             step = 1.25 if high < self.target_s * GROW_BELOW / 2 else 1.1
             self._move(min(self.slot_s * step, self.ceiling_s))
         self._binding = False
 
-    def _floor(self) -> float:
+    def _shrink(self) -> None:
         # Not below an eighth of the ceiling: misses that shorter passes cannot cure (a
         # machine busy with other work) must not ratchet the batches down to one row.
-        return self.ceiling_s / 8
+        self._move(max(self.slot_s * 0.8, self.ceiling_s / 8))
 
     def _move(self, slot_s: float) -> None:
         if slot_s == self.slot_s:

@@ -4,8 +4,8 @@ Binary values (the packed entries as they are), one MGET per request's lookup an
 MSET (with a TTL: a pipeline of SETs with PX) per request's new entries, written after the
 answer has gone. Every call has a hard deadline; a fault opens a short breaker during which
 calls fail at once, so a dead Redis costs a request nothing but its cache, not a connect
-timeout each time. The caller
-(`core/model_cache.py`) counts every failure and serves the request without the cache.
+timeout each time. The caller (`core/model_cache.py`) counts every failure and serves the
+request without the cache.
 """
 
 from __future__ import annotations

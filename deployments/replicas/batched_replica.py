@@ -348,9 +348,8 @@ class BatchedReplica:
         self._class_counts[priority]["items"] += items
 
     def _measure(self, priority: Priority, live: list[Any], started: float) -> None:
-        # Queue wait once per job in the batch: its items arrived together.
+        # One state per job in the batch (its items arrived together): one queue wait each.
         states = {id(item.state): item.state for item in live}
-        arrivals = {key: state.arrived for key, state in states.items()}
         padded_tokens = len(live) * max(item.tokens for item in live)
         inference_s = time.monotonic() - started
         self.metrics.batch_ran(
@@ -359,7 +358,7 @@ class BatchedReplica:
             size=len(live),
             padded_tokens=padded_tokens,
             inference_s=inference_s,
-            queue_waits_s=[started - arrived for arrived in arrivals.values()],
+            queue_waits_s=[started - state.arrived for state in states.values()],
         )
         self.tuner.ran(priority.label, len(live), padded_tokens, inference_s)
         ended = time.monotonic()
