@@ -25,6 +25,7 @@ from deployments.http.docs_pages import install_docs_pages
 from deployments.http.embed_dialects import EMBED_DIALECT_REQUESTS
 from deployments.http.embeddings import install_embedding_routes
 from deployments.http.generation import install_generation_routes
+from deployments.http.hot_routes import HotRouteFront
 from deployments.http.openapi import install_openapi
 from deployments.http.rerank import install_rerank_routes
 from deployments.http.service import install_service_routes
@@ -46,13 +47,14 @@ REQUEST_MODELS = (
 
 
 class HttpIngress(Ingress):
-    """The ingress as Serve runs it: Serve calls `__serve_build_asgi_app__` on the replica.
+    """The ingress as Serve runs it: Serve calls `__serve_build_asgi_app__` on the replica
+    and runs what it returns: the FastAPI app behind the hot routes' front (hot_routes.py).
 
     The hook lives here, not on `Ingress`, so that ingress/ never imports http/.
     """
 
-    def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_http_app(self)
+    def __serve_build_asgi_app__(self) -> HotRouteFront:
+        return HotRouteFront(build_http_app(self), answer_exception)
 
 
 def build_http_app(ingress: Ingress) -> FastAPI:
@@ -76,10 +78,18 @@ def build_http_app(ingress: Ingress) -> FastAPI:
     return app
 
 
+def answer_exception(exc: Exception) -> Response:
+    """What a route's exception answers: its own error, or a 500 that says nothing of it."""
+    if isinstance(exc, TributaryError):
+        return error_response(exc)
+    logger.error("unhandled error in the ingress", exc_info=exc)
+    return error_response(InternalError())
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     async def tributary_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, TributaryError)
-        return error_response(exc)
+        return answer_exception(exc)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -93,8 +103,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(InvalidRequest("The request is not valid."))
 
     async def unexpected_error(_: Request, exc: Exception) -> Response:
-        logger.error("unhandled error in the ingress", exc_info=exc)
-        return error_response(InternalError())
+        return answer_exception(exc)
 
     app.add_exception_handler(TributaryError, tributary_error)
     app.add_exception_handler(HTTPException, http_error)
