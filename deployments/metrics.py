@@ -20,6 +20,7 @@ from typing import Any
 import ray
 from ray.serve import metrics as serve_metrics
 
+from deployments.core.metric_buffer import BufferedRecorder
 from deployments.core.metrics import Kind, Series, TributaryMetrics
 
 logger = logging.getLogger("ray.serve")
@@ -85,8 +86,9 @@ def _make(series: Series) -> Any:
 
 
 def build_metrics() -> TributaryMetrics:
-    """Ray's metrics inside a Ray worker; outside one (tests with fake handles) the
-    values go nowhere, since Ray's metric objects need a running Ray."""
+    """Ray's metrics inside a Ray worker, gathered and handed on once a second
+    (core/metric_buffer.py); outside one (tests with fake handles) the values go nowhere,
+    since Ray's metric objects need a running Ray."""
     if ray.is_initialized():
-        return TributaryMetrics(RayRecorder())
+        return TributaryMetrics(BufferedRecorder(RayRecorder()))
     return TributaryMetrics()
