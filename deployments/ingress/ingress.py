@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import ray
+
 from deployments.config import (
     AppConfig,
     EmbeddingModelConfig,
@@ -23,6 +25,7 @@ from deployments.config import (
     RerankModelConfig,
 )
 from deployments.core.access import AccessDenied, Tenant, estimate_tokens
+from deployments.core.gc_policy import relax_collector
 from deployments.core.metrics import TributaryMetrics
 from deployments.core.priority import Priority
 from deployments.core.protocol import (
@@ -121,6 +124,8 @@ class Ingress:
         self.cache = ItemCaches(self.config.cache, self.observer.metrics)
         if self.access.is_open:
             _warn_if_open_to_the_network()
+        if metrics is None and ray.is_initialized():  # in a replica, not a test's process
+            relax_collector()
 
     def _attach(self, version: Version, task: str, handle: Any) -> None:
         name = version.config.name if version.config is not None else None
@@ -450,6 +455,9 @@ def _http_host() -> str | None:
     # Serve keeps the HTTP options with its controller; there is no public getter.
     try:
         from ray.serve.context import _get_global_client
+
+        if not ray.is_initialized():
+            return None  # not in a replica (tests, benchmarks): asking would start a Ray
 
         client = _get_global_client()
         return None if client is None else str(client.http_config.host)

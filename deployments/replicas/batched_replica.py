@@ -19,12 +19,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import ray
 import torch
 from ray import serve
 
@@ -32,6 +34,7 @@ from deployments.config import ModelBatching
 from deployments.core.batch_budget import BatchBudget, budget_size
 from deployments.core.batch_policy import BatchPlan, ClassLimits
 from deployments.core.batch_tuner import BatchTuner
+from deployments.core.gc_policy import relax_collector
 from deployments.core.priority import ALL_PRIORITIES, Priority
 from deployments.core.priority_gate import PriorityGate
 from deployments.core.split_retry import SplitReport, run_split
@@ -67,6 +70,13 @@ class BatchedReplica:
     task: JobTask[Any, Any, Any]
     _warm = False  # set by the subclass once a real batch has run
 
+    def _mark_warm(self) -> None:
+        """Start-up is done: ready for Serve's health check; in a replica, the collector
+        relaxed (core/gc_policy.py)."""
+        self._warm = True
+        if ray.is_initialized():
+            relax_collector()
+
     def check_health(self) -> None:
         """Serve's health check: not healthy until the warm-up batch has run."""
         if not self._warm:
@@ -78,8 +88,9 @@ class BatchedReplica:
         threads = torch_threads or torch.get_num_threads()
         # One worker: the model runs one batch at a time. Torch's thread count is per OS
         # thread, so it is set inside the worker, not here.
+        self._model_thread_id: int | None = None
         self._executor = ThreadPoolExecutor(
-            max_workers=1, initializer=torch.set_num_threads, initargs=(threads,)
+            max_workers=1, initializer=self._model_thread_starts, initargs=(threads,)
         )
         self._budgets = {p: BatchBudget(1, 1) for p in ALL_PRIORITIES}
         # serve.batch wrappers; Ray's stubs do not show their set_* methods.
@@ -110,6 +121,10 @@ class BatchedReplica:
         self.device_memory = DeviceMemory("cpu")
         self._device_read = 0.0
         return threads
+
+    def _model_thread_starts(self, threads: int) -> None:
+        torch.set_num_threads(threads)
+        self._model_thread_id = threading.get_native_id()
 
     def _fence_memory(self, device: str, config: Any) -> None:
         """Before the model loads: the GPU share this process may take, if configured."""
@@ -208,6 +223,12 @@ class BatchedReplica:
         batches, items = self._counts["batches"], self._counts["items"]
         return {
             "pid": os.getpid(),
+            # For bench/cost_budget.py, which tells the forward pass's CPU from the rest:
+            # the model thread, and every Python thread (a runtime's own pool is neither).
+            "threads": {
+                "model": self._model_thread_id,
+                "python": sorted(t.native_id for t in threading.enumerate() if t.native_id),
+            },
             "batching": self.batching.model_dump(),
             **self._counts,
             "mean_batch_size": items / batches if batches else 0.0,

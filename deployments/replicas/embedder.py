@@ -55,7 +55,7 @@ class Embedder(BatchedReplica):
         row = window.wrap(ids * (window.max_body // len(ids) + 1))[0]
         self._budget_memory(config, lambda rows: self.backend.embed([row] * rows), len(row))
         self._limit_memory(config)
-        self._warm = True
+        self._mark_warm()
         logger.info(
             "model %s ready on %s (%s), %d threads",
             config.name,

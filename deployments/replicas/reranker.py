@@ -65,7 +65,7 @@ class Reranker(BatchedReplica):
             self.backend.pair_tokens(len(pair[0]), len(pair[1])),
         )
         self._limit_memory(config)
-        self._warm = True
+        self._mark_warm()
         if self.backend.max_tokens != config.window_tokens:
             # Only the ingress's estimate suffers: this replica counts with the real window.
             logger.warning(
