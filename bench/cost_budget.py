@@ -40,7 +40,7 @@ import numpy as np
 import orjson
 
 from bench.loadgen import LoadResult, embedding_bodies, run_closed_loop
-from bench.server import ROOT, load_config, running_server
+from bench.server import ROOT, descendants, load_config, running_server
 from bench.texts import sentences
 from deployments.core.gc_policy import relax_collector
 from deployments.core.protocol import EmbedJob, EmbedResult
@@ -164,12 +164,12 @@ def _cpu_ticks(path: str) -> int:
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
-def _process_groups() -> dict[int, str]:
-    """Every process of interest: pid -> its group in the table."""
+def _process_groups(server_pid: int) -> dict[int, str]:
+    """Every process the server started (not another Serve's on the machine): pid -> its
+    group in the table."""
     groups: dict[int, str] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in descendants(server_pid) | {server_pid}:
+        entry = str(pid)
         try:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
@@ -183,8 +183,8 @@ def _process_groups() -> dict[int, str]:
             groups[int(entry)] = "other model replicas (idle)"
         elif "haproxy" in cmdline and "-f " in cmdline:
             groups[int(entry)] = "HAProxy"
-        elif "ray" in cmdline and "bench.cost_budget" not in cmdline:
-            groups[int(entry)] = "Ray (controller, raylet, GCS, agents)"
+        else:
+            groups[int(entry)] = "Ray (launcher, controller, raylet, GCS, agents)"
     return groups
 
 
@@ -229,7 +229,7 @@ def live(runtime: str, duration_s: float, concurrency: int) -> tuple[dict[str, f
         time.sleep(SETTLE_S)
         info = httpx.get(f"{server.url}/v1/stats", timeout=10).json()["models"][MODEL]["replica"]
         print(f"embedder runtime: {info.get('runtime', {}).get('runtime', runtime)}", flush=True)
-        groups = _process_groups()
+        groups = _process_groups(server.process.pid)
         embed_pid = int(info["pid"])
         forward = _forward_threads(embed_pid, info)
         bodies = embedding_bodies(sentences(), 1, MODEL, 512)

@@ -99,15 +99,21 @@ def test_requests_are_counted_by_model_version_class_and_status(
     name = "ray_tributary_requests_total"
     ok = {"model": MODEL, "model_version": "1", "status": "200", "deployment": "ingress"}
 
+    latency = "ray_tributary_request_latency_seconds_count"
+
     def counted(samples: list[Sample]) -> bool:
-        return all(total(samples, name, **ok, priority=p) >= n for p, n in traffic.items())
+        return (
+            all(total(samples, name, **ok, priority=p) >= n for p, n in traffic.items())
+            and total(samples, name, model=RERANK_MODEL, status="200") >= 1
+            and total(samples, name, model=MODEL, status="504") >= 1
+            and total(samples, latency, model=MODEL, priority="batch") >= traffic["batch"]
+        )
 
     samples = wait_for(server, counted)
     for priority, sent in traffic.items():
         assert total(samples, name, **ok, priority=priority) >= sent, priority
     assert total(samples, name, model=RERANK_MODEL, status="200") >= 1
     assert total(samples, name, model=MODEL, status="504") >= 1
-    latency = "ray_tributary_request_latency_seconds_count"
     assert total(samples, latency, model=MODEL, priority="batch") >= traffic["batch"]
 
 
@@ -134,11 +140,15 @@ def test_batches_queue_waits_and_queue_depth_per_model_and_class(
     def items(samples: list[Sample]) -> float:
         return total(samples, "ray_tributary_batch_items_total", **replica, priority="realtime")
 
+    rerank = {"deployment": f"rerank-{RERANK_MODEL}", "model": RERANK_MODEL}
+
     def recorded(samples: list[Sample]) -> bool:
-        # Batches of 2-text requests: they computed at least the inputs sent.
+        # Batches of 2-text requests: they computed at least the inputs sent. Every
+        # replica hands its values on by itself (core/metric_buffer.py): wait for each.
         busy = total(samples, "ray_tributary_model_busy_seconds_total", **replica)
         return (
             busy > 0
+            and total(samples, "ray_tributary_batch_size_count", **rerank) > 0
             and items(samples) >= 2 * traffic["realtime"]
             and all(
                 total(samples, h, **replica, priority=p) > 0 for h in histograms for p in traffic
@@ -152,7 +162,6 @@ def test_batches_queue_waits_and_queue_depth_per_model_and_class(
     assert items(samples) >= 2 * traffic["realtime"]
     busy = total(samples, "ray_tributary_model_busy_seconds_total", **replica)
     assert 0 < busy < 600  # seconds of forward passes since the server started
-    rerank = {"deployment": f"rerank-{RERANK_MODEL}", "model": RERANK_MODEL}
     assert total(samples, "ray_tributary_batch_size_count", **rerank) > 0
     depth = {
         (labels["model"], labels["priority"])
