@@ -272,5 +272,9 @@ def graph_key(graph: torch.nn.Module) -> str:
         digest.update(str(tuple(tensor.shape)).encode())
         # The first 1,024 values (4 KiB as fp32), without copying the whole tensor first.
         digest.update(tensor.detach().reshape(-1)[:1024].float().cpu().numpy().tobytes())
-        digest.update(str(float(tensor.detach().float().sum())).encode())
+        # A sum over every value, in numpy's fixed (pairwise) order: torch's parallel sum
+        # rounds differently with the thread count, which gave one model two digests
+        # (and two exports) in replicas with different torch_threads.
+        values = tensor.detach().float().cpu().numpy()
+        digest.update(str(float(np.sum(values, dtype=np.float64))).encode())
     return digest.hexdigest()[:16]
