@@ -3,11 +3,13 @@
 `serve run` says "Submitted deploy config successfully." long before any replica has
 loaded its model, and nothing after; a user had to poll /healthz to know. A thread of the
 launcher does that polling and prints one line, once, when the config's applications are
-all RUNNING and /healthz answers 200.
+all RUNNING and /healthz answers 200: where, and which models, each embedding and rerank
+model with the runtime its replica runs and why (from /v1/stats).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import urllib.error
@@ -20,6 +22,7 @@ SERVE_DEFAULT_HOST = "127.0.0.1"
 SERVE_DEFAULT_PORT = 8000
 MODEL_LISTS = ("embedding_models", "rerank_models", "generation_models")
 POLL_S = 0.5
+STATS_TIMEOUT_S = 10
 
 
 def base_url(config: dict[str, Any]) -> str:
@@ -45,8 +48,22 @@ def model_names(config: dict[str, Any]) -> list[str]:
     return names
 
 
-def ready_line(url: str, models: list[str]) -> str:
-    listed = ", ".join(models) if models else "none"
+def model_label(name: str, models_stats: dict[str, Any]) -> str:
+    """`name: runtime (why)` for a model whose replica reports a runtime (embedding and
+    rerank models), the bare name otherwise."""
+    entry = models_stats.get(name)
+    replica = entry.get("replica") if isinstance(entry, dict) else None
+    runtime = replica.get("runtime") if isinstance(replica, dict) else None
+    if not isinstance(runtime, dict) or not runtime.get("runtime"):
+        return name
+    summary = runtime.get("summary")
+    return f"{name}: {runtime['runtime']}" + (f" ({summary})" if summary else "")
+
+
+def ready_line(url: str, models: list[str], models_stats: dict[str, Any] | None = None) -> str:
+    labels = [model_label(name, models_stats or {}) for name in models]
+    # A label may hold commas of its own ("fastest of 4 agreeing, measured now").
+    listed = ("; " if labels != models else ", ").join(labels) if labels else "none"
     return f"Tributary is ready at {url} (models: {listed})"
 
 
@@ -58,6 +75,17 @@ def healthz_ok(url: str) -> bool:
         return False
 
 
+def models_stats(url: str) -> dict[str, Any]:
+    """`GET /v1/stats`'s per-model part (each replica's runtime and why); empty when it
+    does not answer, so the ready line is still said, with names only."""
+    try:
+        with urllib.request.urlopen(f"{url}/v1/stats", timeout=STATS_TIMEOUT_S) as response:
+            models = json.loads(response.read()).get("models")
+    except (urllib.error.URLError, OSError, ValueError, AttributeError):
+        return {}
+    return models if isinstance(models, dict) else {}
+
+
 def wait_then_announce(
     url: str,
     models: list[str],
@@ -65,11 +93,12 @@ def wait_then_announce(
     say: Callable[[str], None],
     healthy: Callable[[str], bool] = healthz_ok,
     poll_s: float = POLL_S,
+    stats: Callable[[str], dict[str, Any]] = models_stats,
 ) -> None:
     """Blocks until the apps run and /healthz answers 200, then says the ready line."""
     while not (healthy(url) and apps_running()):
         time.sleep(poll_s)
-    say(ready_line(url, models))
+    say(ready_line(url, models, stats(url)))
 
 
 def announce_when_ready(

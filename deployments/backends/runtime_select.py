@@ -16,12 +16,14 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from deployments.backends import runtime_choice, runtimes
+from deployments.backends import runtime_auto, runtime_cache, runtime_choice, runtimes
 from deployments.backends.demo_llm import default_cache_dir
 
 logger = logging.getLogger(__name__)
 
 AUTO_ROUNDS = 3
+# Rows of the probe a kept choice is re-checked on at start (every distinct sample text).
+RECHECK_ROWS = 16
 
 
 class Runnable(Protocol):
@@ -79,26 +81,61 @@ def apply_runtime(
         report: dict[str, Any] = {
             "runtime": name,
             "reason": f"configured (runtime: {settings.runtime})",
+            "summary": "configured",
         }
         logger.info("runtime %s: %s", name, report["reason"])
         return report
     agreement = runtime_choice.min_cosine if score_kind == "vector" else _scores_agree
     sizes = sorted({int(s) for s in settings.batch_sizes if s > 0}) or [1]
-    choice = runtime_choice.choose(
-        runtimes.auto_candidates(device),
-        lambda n: runtimes.build_forward(
-            n, graph, model.input_names, device, settings.threads, cache_dir
-        ),
-        probe=model.sample(max(16, *sizes)),
-        batches={s: model.sample(s) for s in sizes},
-        agreement=agreement,
+    candidates = runtimes.auto_candidates(device)
+
+    digest = runtimes.graph_key(graph)
+
+    def build(n: str) -> runtimes.Forward:
+        return runtimes.build_forward(
+            n, graph, model.input_names, device, settings.threads, cache_dir, digest
+        )
+
+    def measure() -> runtime_choice.Choice:
+        return runtime_choice.choose(
+            candidates,
+            build,
+            probe=model.sample(max(16, *sizes)),
+            batches={s: model.sample(s) for s in sizes},
+            agreement=agreement,
+            min_agreement=settings.min_agreement,
+            rounds=settings.rounds,
+        )
+
+    key = runtime_cache.cache_key(
+        model={
+            "graph": type(graph).__name__,
+            "digest": digest,
+            "score_kind": score_kind,
+        },
+        hardware=runtime_cache.hardware(device, _gpu_name(device)),
+        libraries=runtime_cache.library_versions(),
+        threads=settings.threads,
+        batch_sizes=sizes,
         min_agreement=settings.min_agreement,
+        candidates=candidates,
         rounds=settings.rounds,
     )
-    model.forward = choice.forward
-    report = {**choice.report(), "min_agreement": settings.min_agreement}
-    logger.info("runtime auto chose %s: %s", choice.runtime, choice.reason)
+    path = runtime_cache.cache_path(cache_dir, type(graph).__name__, key)
+    model.forward, report = runtime_auto.keep_or_measure(
+        key,
+        path,
+        build,
+        measure,
+        probe=model.sample(RECHECK_ROWS),
+        agreement=agreement,
+        min_agreement=settings.min_agreement,
+    )
     return report
+
+
+def _gpu_name(device: str) -> str | None:
+    return torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda") else None
 
 
 def _scores_agree(candidate: np.ndarray, reference: np.ndarray) -> float:

@@ -56,9 +56,43 @@ def test_nothing_is_said_until_both_the_apps_run_and_healthz_answers() -> None:
         return state["healthy"]
 
     launch_output.wait_then_announce(
-        "http://h:1", ["m"], lambda: state["running"], said.append, healthy, poll_s=0
+        "http://h:1", ["m"], lambda: state["running"], said.append, healthy, 0, lambda url: {}
     )
     assert said == ["Tributary is ready at http://h:1 (models: m)"]
+
+
+def test_each_encoder_model_says_its_runtime_and_why() -> None:
+    stats = {
+        "all-MiniLM-L6-v2": {
+            "replica": {
+                "runtime": {
+                    "runtime": "openvino-bf16",
+                    "summary": "fastest of 5 agreeing, measured now",
+                    "decided": "measured",
+                }
+            }
+        },
+        "minilm-rerank": {
+            "replica": {"runtime": {"runtime": "torch-fp32", "summary": "configured"}}
+        },
+        "tiny-llama-demo": {"replica": {"engine": "continuous"}},
+        "broken": {"replica": {"error": "no answer: TimeoutError"}},
+    }
+    models = ["all-MiniLM-L6-v2", "minilm-rerank", "tiny-llama-demo", "broken", "missing"]
+    said: list[str] = []
+    launch_output.wait_then_announce(
+        "http://h:1", models, lambda: True, said.append, lambda url: True, 0, lambda url: stats
+    )
+    assert said == [
+        "Tributary is ready at http://h:1 (models: "
+        "all-MiniLM-L6-v2: openvino-bf16 (fastest of 5 agreeing, measured now); "
+        "minilm-rerank: torch-fp32 (configured); tiny-llama-demo; broken; missing)"
+    ]
+
+
+def test_stats_that_do_not_answer_leave_the_names(health_server: str) -> None:
+    assert launch_output.models_stats(health_server) == {}  # 404
+    assert launch_output.models_stats("http://127.0.0.1:1") == {}
 
 
 class Health(http.server.BaseHTTPRequestHandler):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -81,15 +83,18 @@ class _Linear(torch.nn.Module):
         return (self.embed(input_ids) * attention_mask[..., None]).mean(dim=1)
 
 
-def test_apply_runtime_explicit_and_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_apply_runtime_explicit_and_auto(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     model = TinyModel()
     report = runtime_select.apply_runtime(
         model, "cpu", runtime_select.RuntimeSettings(runtime="torch", dtype="auto")
     )
     assert report["runtime"] == "torch-fp32" and "configured" in report["reason"]
     monkeypatch.setattr(runtimes, "auto_candidates", lambda device: ["torch-fp32", "torch-bf16"])
-    settings = runtime_select.RuntimeSettings(runtime="auto", batch_sizes=(1, 4), rounds=1)
+    settings = runtime_select.RuntimeSettings(
+        runtime="auto", batch_sizes=(1, 4), rounds=1, cache_dir=tmp_path
+    )
     report = runtime_select.apply_runtime(model, "cpu", settings)
+    assert report["decided"] == "measured" and Path(report["cache_file"]).is_file()
     assert report["runtime"] in {"torch-fp32", "torch-bf16"}
     assert [c["runtime"] for c in report["candidates"]] == ["torch-fp32", "torch-bf16"]
     assert set(report["candidates"][0]["texts_per_s"]) == {"1", "4"}
@@ -98,6 +103,10 @@ def test_apply_runtime_explicit_and_auto(monkeypatch: pytest.MonkeyPatch) -> Non
     assert out.dtype == np.float32 and out.shape == (3, 6)
     # The fp32 graph the model holds is untouched by a bf16 candidate.
     assert model.module.embed.weight.dtype == torch.float32
+    # The next start with the same key keeps that choice, measured then.
+    again = runtime_select.apply_runtime(TinyModel(), "cpu", settings)
+    assert again["decided"] == "kept" and again["runtime"] == report["runtime"]
+    assert again["candidates"] == report["candidates"]
 
 
 def test_dtype_float16_on_cpu_is_refused_naming_the_field() -> None:
