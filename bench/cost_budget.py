@@ -91,7 +91,7 @@ def _ingress_app(plain: bool) -> Any:
     ingress = HttpIngress(config, embedders={MODEL: _InstantEmbedder()}, readiness=ready)
     relax_collector()  # as in a replica
     front = ingress.__serve_build_asgi_app__()
-    return front.app if plain else front
+    return getattr(front, "app", front) if plain else front  # (a checkout before the front)
 
 
 async def _one_request(app: Any, body: bytes) -> int:
@@ -211,6 +211,8 @@ def _sample(groups: dict[int, str], embed_pid: int) -> Sample:
 def _forward_threads(embed_pid: int, info: dict[str, Any]) -> set[int]:
     """The model thread and the runtime's pool: threads that are neither Python's nor
     named by Ray's or gRPC's C++ (those keep the process's name, `ray::...`)."""
+    if "threads" not in info:  # a checkout whose replicas do not say: no split
+        return set()
     python = set(info["threads"]["python"])
     forward = {info["threads"]["model"]}
     for tid in os.listdir(f"/proc/{embed_pid}/task"):
@@ -268,8 +270,11 @@ def live(runtime: str, duration_s: float, concurrency: int) -> tuple[dict[str, f
         table[group] = table.get(group, 0.0) + used * per_request
     inside = sum(after.threads[t] - before.threads.get(t, 0) for t in forward if t in after.threads)
     whole = after.processes[embed_pid] - before.processes[embed_pid]
-    table["embed: outside the forward pass"] = (whole - inside) * per_request
-    table["embed: the forward pass"] = inside * per_request
+    if forward:
+        table["embed: outside the forward pass"] = (whole - inside) * per_request
+        table["embed: the forward pass"] = inside * per_request
+    else:
+        table["embed: the whole replica"] = whole * per_request
     table["load generator"] = result.client_cpu_s * 1e6 / max(result.requests, 1)
     return table, result
 
