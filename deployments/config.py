@@ -34,6 +34,9 @@ Runtime = Literal[
     "onnx-int8",
 ]
 
+# The runtimes `memory_limit_mib` allows (auto: then among these).
+TORCH_RUNTIMES = frozenset({"torch", "auto", "torch-fp32", "torch-bf16", "torch-fp16"})
+
 
 class EncoderModelConfig(ModelDeploymentConfig):
     """An embedding or rerank model: which backend runs its forward pass (docs/backends.md)."""
@@ -68,7 +71,8 @@ class EncoderModelConfig(ModelDeploymentConfig):
         ge=1,
         description="On a Linux CPU: the address space the replica may add after warm-up; a "
         "pass beyond it fails in the allocator and is split and retried instead of the "
-        "kernel ending the replica. None = no limit.",
+        "kernel ending the replica. Torch runtimes only (auto then chooses among them). "
+        "None = no limit.",
     )
     memory_budget_mib: int | None = Field(
         None,
@@ -87,6 +91,18 @@ class EncoderModelConfig(ModelDeploymentConfig):
         "device memory and cap every class's max_batch_tokens at what fits in it. Ignored "
         "on a CPU. None = no probe.",
     )
+
+    @model_validator(mode="after")
+    def _memory_limit_needs_torch(self) -> EncoderModelConfig:
+        # Only torch fails cleanly at the limit; OpenVINO was seen to hand back its previous
+        # (smaller) output, and the split-and-retry is built and tested on torch.
+        if self.memory_limit_mib is not None and self.runtime not in TORCH_RUNTIMES:
+            raise ValueError(
+                f"memory_limit_mib works with torch runtimes only, not runtime: "
+                f"{self.runtime}; use runtime: auto (which then chooses among torch's "
+                "precisions) or torch, torch-fp32, torch-bf16"
+            )
+        return self
 
     @model_validator(mode="after")
     def _fp16_needs_a_gpu(self) -> EncoderModelConfig:

@@ -44,6 +44,10 @@ class RuntimeSettings:
     threads: int = 1
     cache_dir: Path | None = None
     rounds: int = AUTO_ROUNDS
+    # `memory_limit_mib` is set: only torch fails cleanly at an address-space limit
+    # (OpenVINO was seen to return its previous, smaller output instead), so `auto`
+    # chooses among torch's precisions only.
+    torch_only: bool = False
 
 
 def torch_runtime(dtype: str, device: str) -> str:
@@ -87,7 +91,11 @@ def apply_runtime(
         return report
     agreement = runtime_choice.min_cosine if score_kind == "vector" else _scores_agree
     sizes = sorted({int(s) for s in settings.batch_sizes if s > 0}) or [1]
-    candidates = runtimes.auto_candidates(device)
+    candidates = [
+        c
+        for c in runtimes.auto_candidates(device)
+        if not settings.torch_only or runtimes.family(c) == "torch"
+    ]
 
     digest = runtimes.graph_key(graph)
 
@@ -161,4 +169,5 @@ def settings_from(config: Any, threads: int) -> RuntimeSettings:
         batch_sizes=sorted(sizes),
         threads=threads,
         cache_dir=Path(config.cache_dir) if config.cache_dir else None,
+        torch_only=getattr(config, "memory_limit_mib", None) is not None,
     )

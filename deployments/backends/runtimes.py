@@ -175,7 +175,15 @@ def openvino_forward(onnx_path: Path, precision: str, threads: int) -> Forward:
 
     def forward(features: Features) -> np.ndarray:
         result = request.infer({k: v for k, v in features.items() if k in wanted})
-        return np.asarray(result[compiled.output(0)], dtype=np.float32)
+        output = np.asarray(result[compiled.output(0)], dtype=np.float32)
+        rows = len(next(iter(features.values())))
+        if len(output) != rows:
+            # Seen under an address-space limit: the output could not grow, and the last
+            # pass's (smaller) one came back. Said as what it is, so the pass is split.
+            raise RuntimeError(
+                f"OpenVINO failed to allocate its output: {len(output)} rows for {rows} inputs"
+            )
+        return output
 
     return forward
 
