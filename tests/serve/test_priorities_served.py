@@ -17,6 +17,12 @@ def texts(n: int, tag: str) -> list[str]:
     return [f"{tag} document {i} about rivers, trains and quiet gardens" for i in range(n)]
 
 
+def long_texts(n: int, tag: str) -> list[str]:
+    return [
+        f"{tag} document {i} " + "about rivers, trains and quiet gardens " * 5 for i in range(n)
+    ]
+
+
 async def post(
     client: httpx.AsyncClient, server: Server, inputs: str | list[str], **headers: str
 ) -> tuple[httpx.Response, float]:
@@ -48,9 +54,12 @@ def drop_reason(server: Server, request_id: str, timeout_s: float = 20) -> str |
 def test_a_realtime_request_overtakes_queued_batch_class_work(server: Server) -> None:
     async def run() -> tuple[list[float], float, httpx.Response]:
         async with httpx.AsyncClient(timeout=120) as client:
+            # ~50 tokens a text: two or three to a batch-class pass (128 padded tokens), so
+            # the bulk takes a few hundred passes, still running at 0.5 s on the fastest
+            # runtime `auto` finds (480 short texts were done by then on OpenVINO bf16).
             bulk = [
                 asyncio.create_task(
-                    post(client, server, texts(60, f"b{i}"), **{"X-Priority": "batch"})
+                    post(client, server, long_texts(60, f"b{i}"), **{"X-Priority": "batch"})
                 )
                 for i in range(8)
             ]
@@ -105,20 +114,31 @@ def test_under_a_batch_class_flood_batch_gets_429_while_realtime_gets_200(
 
 def test_an_expired_request_gets_504_and_the_model_never_computes_it(server: Server) -> None:
     request_id = f"expire-{uuid.uuid4().hex}"
+    # 64 texts of ~256 tokens: one full normal-class forward pass. How long it takes
+    # depends on the runtime `auto` chose (over a second on torch fp32, a few tenths on
+    # OpenVINO bf16), so time one first and scale the test's moments to it.
+    started = time.monotonic()
+    timed = httpx.post(
+        f"{server.url}/v1/embeddings",
+        json={"model": MODEL, "input": [LONG_TEXT] * 64},
+        headers=AUTH,
+        timeout=120,
+    )
+    pass_s = time.monotonic() - started
+    assert timed.status_code == 200
 
     async def run() -> tuple[httpx.Response, httpx.Response]:
         async with httpx.AsyncClient(timeout=120) as client:
-            # 64 texts of ~256 tokens: one normal-class forward pass of a second or more.
             long_pass = asyncio.create_task(post(client, server, [LONG_TEXT] * 64))
-            await asyncio.sleep(0.4)
+            await asyncio.sleep(0.25 * pass_s)
             late, _ = await post(
                 client,
                 server,
                 "too late",
-                # Long enough to reach the replica, short of the long pass's seconds.
+                # Long enough to reach the replica, short of the rest of the long pass.
                 **{
                     "X-Priority": "realtime",
-                    "X-Request-Timeout": "1.0",
+                    "X-Request-Timeout": f"{0.5 * pass_s:.3f}",
                     "X-Request-ID": request_id,
                 },
             )
