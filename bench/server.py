@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,16 +159,27 @@ def alive(pids: set[int]) -> set[int]:
 def stop_like_ctrl_c(process: subprocess.Popen, timeout_s: float = 60) -> set[int]:
     """Sends SIGINT, waits, and returns the processes it had started that outlived it
     (after killing them, so that a failed check leaves nothing running)."""
+    return stop_process(process, lambda: process.send_signal(signal.SIGINT), timeout_s)
+
+
+def stop_process(
+    process: subprocess.Popen,
+    ask: Callable[[], None],
+    timeout_s: float = 60,
+    settle_s: float = 30,
+) -> set[int]:
+    """`ask` the process (which leads its own group) to stop, wait, SIGKILL the group if it
+    does not; then the processes it had started that outlived it, killed."""
     started = descendants(process.pid)
-    process.send_signal(signal.SIGINT)
+    ask()
     try:
         process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + settle_s
     while alive(started) and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.2)
     leftovers = alive(started)
     for pid in leftovers:
         os.kill(pid, signal.SIGKILL)

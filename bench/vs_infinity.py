@@ -51,7 +51,7 @@ from typing import Any
 import httpx
 
 from bench.loadgen import LoadResult, embedding_bodies, run_closed_loop
-from bench.server import ROOT, alive, descendants, free_port, load_config, running_server
+from bench.server import ROOT, free_port, load_config, running_server, stop_process
 from bench.texts import sentences
 
 INFINITY = "infinity"
@@ -154,19 +154,12 @@ def check_embeddings(target: Target, texts: list[str]) -> int:
 
 def stop_group(process: subprocess.Popen, timeout_s: float = 30) -> None:
     """SIGTERM to the process group that `process` leads, SIGKILL to what outlives it."""
-    started = descendants(process.pid) | {process.pid}
-    with suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    deadline = time.monotonic() + 10
-    while alive(started) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for pid in alive(started):
-        os.kill(pid, signal.SIGKILL)
+
+    def terminate() -> None:
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+
+    stop_process(process, terminate, timeout_s, settle_s=10)
 
 
 @contextmanager

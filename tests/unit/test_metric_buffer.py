@@ -47,9 +47,7 @@ def test_the_background_thread_flushes_without_being_asked() -> None:
     inner = MemoryRecorder()
     buffered = BufferedRecorder(inner, flush_every_s=0.02)
     buffered.record(QUEUE_DEPTH, 7, {"model": "m", "priority": "batch"})
-    deadline = time.monotonic() + 5
-    while not inner.records and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_for_a_record(inner)
     assert inner.values(QUEUE_DEPTH, priority="batch") == [7]
     buffered.stop()
 
@@ -69,8 +67,12 @@ def test_a_failing_inner_recorder_does_not_stop_the_flushing() -> None:
     buffered.record(QUEUE_DEPTH, 1, {"model": "m", "priority": "batch"})
     time.sleep(0.1)
     buffered.record(QUEUE_DEPTH, 3, {"model": "m", "priority": "batch"})
-    deadline = time.monotonic() + 5
-    while not inner.records and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_for_a_record(inner)
     assert inner.values(QUEUE_DEPTH, priority="batch") == [3]
     buffered.stop()
+
+
+def _wait_for_a_record(inner: MemoryRecorder, timeout_s: float = 5) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not inner.records and time.monotonic() < deadline:
+        time.sleep(0.01)
