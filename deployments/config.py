@@ -71,7 +71,7 @@ class EncoderModelConfig(ModelDeploymentConfig):
         ge=1,
         description="On a Linux CPU: the address space the replica may add after warm-up; a "
         "pass beyond it fails in the allocator and is split and retried instead of the "
-        "kernel ending the replica. Torch runtimes only (auto then chooses among them). "
+        "kernel ending the replica. Torch runtimes only (auto then keeps torch fp32). "
         "None = no limit.",
     )
     memory_budget_mib: int | None = Field(
@@ -99,8 +99,8 @@ class EncoderModelConfig(ModelDeploymentConfig):
         if self.memory_limit_mib is not None and self.runtime not in TORCH_RUNTIMES:
             raise ValueError(
                 f"memory_limit_mib works with torch runtimes only, not runtime: "
-                f"{self.runtime}; use runtime: auto (which then chooses among torch's "
-                "precisions) or torch, torch-fp32, torch-bf16"
+                f"{self.runtime}; use runtime: auto (which then keeps torch fp32) or "
+                "torch, torch-fp32, torch-bf16"
             )
         return self
 

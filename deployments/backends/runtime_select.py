@@ -44,10 +44,10 @@ class RuntimeSettings:
     threads: int = 1
     cache_dir: Path | None = None
     rounds: int = AUTO_ROUNDS
-    # `memory_limit_mib` is set: only torch fails cleanly at an address-space limit
-    # (OpenVINO was seen to return its previous, smaller output instead), so `auto`
-    # chooses among torch's precisions only.
-    torch_only: bool = False
+    # `memory_limit_mib` is set: only torch fp32 is known to fail cleanly, input by input,
+    # at an address-space limit (OpenVINO was seen to return its previous, smaller output
+    # instead; torch bf16 failed single inputs that fit in fp32), so `auto` keeps to it.
+    fp32_only: bool = False
 
 
 def torch_runtime(dtype: str, device: str) -> str:
@@ -94,7 +94,7 @@ def apply_runtime(
     candidates = [
         c
         for c in runtimes.auto_candidates(device)
-        if not settings.torch_only or runtimes.family(c) == "torch"
+        if not settings.fp32_only or c == runtime_choice.REFERENCE
     ]
 
     digest = runtimes.graph_key(graph)
@@ -169,5 +169,5 @@ def settings_from(config: Any, threads: int) -> RuntimeSettings:
         batch_sizes=sorted(sizes),
         threads=threads,
         cache_dir=Path(config.cache_dir) if config.cache_dir else None,
-        torch_only=getattr(config, "memory_limit_mib", None) is not None,
+        fp32_only=getattr(config, "memory_limit_mib", None) is not None,
     )

@@ -116,21 +116,23 @@ def test_an_expired_request_gets_504_and_the_model_never_computes_it(server: Ser
     request_id = f"expire-{uuid.uuid4().hex}"
     # 64 texts of ~256 tokens: one full normal-class forward pass. How long it takes
     # depends on the runtime `auto` chose (over a second on torch fp32, a few tenths on
-    # OpenVINO bf16), so time one first and scale the test's moments to it.
-    started = time.monotonic()
-    timed = httpx.post(
-        f"{server.url}/v1/embeddings",
-        json={"model": MODEL, "input": [LONG_TEXT] * 64},
-        headers=AUTH,
-        timeout=120,
-    )
-    pass_s = time.monotonic() - started
-    assert timed.status_code == 200
+    # OpenVINO bf16), so time one first and scale the test's moments to it: the second of
+    # two, since a runtime's first pass of a new shape also builds its kernels for it.
+    for _ in range(2):
+        started = time.monotonic()
+        timed = httpx.post(
+            f"{server.url}/v1/embeddings",
+            json={"model": MODEL, "input": [LONG_TEXT] * 64},
+            headers=AUTH,
+            timeout=120,
+        )
+        pass_s = time.monotonic() - started
+        assert timed.status_code == 200
 
     async def run() -> tuple[httpx.Response, httpx.Response]:
         async with httpx.AsyncClient(timeout=120) as client:
             long_pass = asyncio.create_task(post(client, server, [LONG_TEXT] * 64))
-            await asyncio.sleep(0.25 * pass_s)
+            await asyncio.sleep(0.2 * pass_s)
             late, _ = await post(
                 client,
                 server,
@@ -138,7 +140,7 @@ def test_an_expired_request_gets_504_and_the_model_never_computes_it(server: Ser
                 # Long enough to reach the replica, short of the rest of the long pass.
                 **{
                     "X-Priority": "realtime",
-                    "X-Request-Timeout": f"{0.5 * pass_s:.3f}",
+                    "X-Request-Timeout": f"{0.4 * pass_s:.3f}",
                     "X-Request-ID": request_id,
                 },
             )

@@ -124,16 +124,15 @@ def test_a_memory_limit_keeps_to_torch_runtimes(
         with pytest.raises(ValidationError, match="memory_limit_mib works with torch runtimes"):
             EmbeddingModelConfig(name="m", source="x", runtime=runtime, memory_limit_mib=100)
     limited = EmbeddingModelConfig(name="m", source="x", runtime="auto", memory_limit_mib=100)
-    assert runtime_select.settings_from(limited, 1).torch_only
-    assert not runtime_select.settings_from(
-        EmbeddingModelConfig(name="m", source="x"), 1
-    ).torch_only
-    # auto then measures torch's candidates only.
+    assert runtime_select.settings_from(limited, 1).fp32_only
+    assert not runtime_select.settings_from(EmbeddingModelConfig(name="m", source="x"), 1).fp32_only
+    # auto then keeps the reference, torch fp32.
     monkeypatch.setattr(
         runtimes, "auto_candidates", lambda device: ["torch-fp32", "openvino", "torch-bf16"]
     )
     settings = runtime_select.RuntimeSettings(
-        runtime="auto", batch_sizes=(1,), rounds=1, cache_dir=tmp_path, torch_only=True
+        runtime="auto", batch_sizes=(1,), rounds=1, cache_dir=tmp_path, fp32_only=True
     )
     report = runtime_select.apply_runtime(TinyModel(), "cpu", settings)
-    assert [c["runtime"] for c in report["candidates"]] == ["torch-fp32", "torch-bf16"]
+    assert [c["runtime"] for c in report["candidates"]] == ["torch-fp32"]
+    assert report["runtime"] == "torch-fp32"
