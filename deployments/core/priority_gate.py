@@ -1,7 +1,8 @@
-"""One forward pass at a time, the most urgent waiting batch first.
+"""A set number of forward passes at a time (one unless the replica runs several side by
+side), the most urgent waiting batch first.
 
 Each priority class forms its own batches; before its forward pass a batch takes a turn at
-the gate. When the model frees up, the gate hands the next turn to the waiting batch of the
+the gate. When a pass ends, the gate hands the next turn to the waiting batch of the
 highest class, except that a batch of a lower class that has waited longer than its class's
 `aged_after_s` goes first: bulk work slows down under realtime load, but never starves.
 """
@@ -27,7 +28,9 @@ class _Turn:
 
 @dataclass
 class GateStats:
-    busy: bool = False
+    busy: bool = False  # every pass slot taken
+    running: int = 0
+    capacity: int = 1
     waiting: dict[str, int] = field(default_factory=dict)
     turns: dict[str, int] = field(default_factory=dict)
     aged_turns: int = 0
@@ -38,21 +41,31 @@ class PriorityGate:
         self,
         aged_after_s: Mapping[Priority, float | None],
         clock: Callable[[], float] = time.monotonic,
+        capacity: int = 1,
     ) -> None:
         self._aged_after_s = dict(aged_after_s)
         self._clock = clock
         self._queues: dict[Priority, deque[_Turn]] = {p: deque() for p in ALL_PRIORITIES}
-        self._busy = False
+        self._capacity = max(1, capacity)
+        self._running = 0
         self._turns = dict.fromkeys(ALL_PRIORITIES, 0)
         self._aged_turns = 0
 
     def set_aged_after_s(self, aged_after_s: Mapping[Priority, float | None]) -> None:
         self._aged_after_s = dict(aged_after_s)
 
+    def set_capacity(self, capacity: int) -> None:
+        """How many turns may be held at once; a raise grants waiting turns now."""
+        self._capacity = max(1, capacity)
+        while self._running < self._capacity and self._grant_next():
+            pass
+
     @property
     def stats(self) -> GateStats:
         return GateStats(
-            busy=self._busy,
+            busy=self._running >= self._capacity,
+            running=self._running,
+            capacity=self._capacity,
             waiting={p.label: len(q) for p, q in self._queues.items()},
             turns={p.label: n for p, n in self._turns.items()},
             aged_turns=self._aged_turns,
@@ -67,8 +80,8 @@ class PriorityGate:
             self.release()
 
     async def acquire(self, priority: Priority) -> None:
-        if not self._busy and not any(self._queues.values()):
-            self._busy = True
+        if self._running < self._capacity and not any(self._queues.values()):
+            self._running += 1
             self._turns[priority] += 1
             return
         turn = _Turn(priority, self._clock(), asyncio.get_running_loop().create_future())
@@ -83,7 +96,11 @@ class PriorityGate:
             raise
 
     def release(self) -> None:
-        self._busy = False
+        self._running -= 1
+        self._grant_next()
+
+    def _grant_next(self) -> bool:
+        """Hands a free slot to the most urgent waiting turn; False when none waits."""
         # A turn cancelled since it queued, whose task has not yet run to take it out,
         # can no longer be granted: drop it here, or the gate would stay busy for no one.
         for queue in self._queues.values():
@@ -91,11 +108,12 @@ class PriorityGate:
                 queue.popleft()
         turn = self._next_turn()
         if turn is None:
-            return
+            return False
         self._queues[turn.priority].remove(turn)
-        self._busy = True
+        self._running += 1
         self._turns[turn.priority] += 1
         turn.granted.set_result(None)
+        return True
 
     def _next_turn(self) -> _Turn | None:
         turn, aged = next_in_line(self._queues, self._aged_after_s, self._clock())

@@ -302,3 +302,46 @@ async def test_a_batch_that_fails_releases_its_turn() -> None:
     assert not gate.stats.busy
     async with gate.turn(NORMAL):
         pass
+
+
+async def test_a_gate_of_two_passes_grants_two_turns_then_queues_by_class() -> None:
+    gate = PriorityGate({RT: None, NORMAL: None, BATCH: None}, capacity=2)
+    await gate.acquire(BATCH)
+    assert not gate.stats.busy and gate.stats.running == 1
+    await gate.acquire(BATCH)
+    assert gate.stats.busy and gate.stats.running == 2
+    order: list[str] = []
+    finish = asyncio.Event()
+
+    async def batch_of(name: str, priority: Priority) -> None:
+        async with gate.turn(priority):
+            order.append(name)
+            await finish.wait()
+
+    tasks = [asyncio.create_task(batch_of(n, p)) for n, p in (("b", BATCH), ("r", RT))]
+    await settle()
+    assert order == [] and gate.stats.waiting == {"realtime": 1, "normal": 0, "batch": 1}
+    gate.release()  # one slot frees: the realtime batch takes it, not the older batch one
+    await settle()
+    assert order == ["r"] and gate.stats.running == 2
+    gate.release()
+    await settle()
+    assert order == ["r", "b"]
+    finish.set()
+    await asyncio.gather(*tasks)
+    assert order == ["r", "b"]
+    assert gate.stats.running == 0 and gate.stats.capacity == 2
+
+
+async def test_raising_the_capacity_grants_waiting_turns_at_once() -> None:
+    gate, _ = make()
+    await gate.acquire(NORMAL)
+    waiting = asyncio.create_task(gate.acquire(NORMAL))
+    await settle()
+    assert not waiting.done()
+    gate.set_capacity(2)
+    await settle()
+    assert waiting.done() and gate.stats.running == 2
+    gate.release()
+    gate.release()
+    assert gate.stats.running == 0 and not gate.stats.busy
