@@ -214,7 +214,7 @@ def _forward_threads(embed_pid: int, info: dict[str, Any]) -> set[int]:
     if "threads" not in info:  # a checkout whose replicas do not say: no split
         return set()
     python = set(info["threads"]["python"])
-    forward = {info["threads"]["model"]}
+    forward = set(info["threads"].get("models") or [info["threads"]["model"]])
     for tid in os.listdir(f"/proc/{embed_pid}/task"):
         with open(f"/proc/{embed_pid}/task/{tid}/comm") as comm:
             name = comm.read().strip()
