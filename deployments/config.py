@@ -7,7 +7,7 @@ at build time with pydantic's message, which names the offending field path.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -47,6 +47,14 @@ class EncoderModelConfig(ModelDeploymentConfig):
         "candidate the hardware has whose output agrees with fp32 (runtime_min_agreement); "
         "or one named: torch-fp32/-bf16/-fp16 (fp16 on a GPU only), openvino (f32), "
         "openvino-bf16, onnx (ONNX Runtime fp32), onnx-int8 (opt-in, less exact).",
+    )
+    passes_in_flight: Annotated[int, Field(ge=1, le=16)] | Literal["auto"] = Field(
+        1,
+        description="Forward passes the replica runs at once, each on its own model thread "
+        "with torch_threads / passes threads (a runtime stream each): on a small CPU two "
+        "one-thread passes can finish more texts a second than one two-thread pass. auto: "
+        "measured at warm-up against one pass and kept on disk with the runtime's choice "
+        "(one pass on a GPU).",
     )
     runtime_min_agreement: float = Field(
         0.999,
@@ -101,6 +109,12 @@ class EncoderModelConfig(ModelDeploymentConfig):
                 f"memory_limit_mib works with torch runtimes only, not runtime: "
                 f"{self.runtime}; use runtime: auto (which then keeps torch fp32) or "
                 "torch, torch-fp32, torch-bf16"
+            )
+        if self.memory_limit_mib is not None and self.passes_in_flight not in (1, "auto"):
+            # The limit is fitted to one pass's growth; auto keeps one pass under it.
+            raise ValueError(
+                "memory_limit_mib runs one forward pass at a time: use passes_in_flight: 1 "
+                f"or auto, not {self.passes_in_flight}"
             )
         return self
 

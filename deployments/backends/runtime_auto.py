@@ -36,7 +36,7 @@ def keep_or_measure(
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> tuple[Forward, dict[str, Any]]:
     """The forward pass to run and the report of how it was chosen (for info())."""
-    with _lock(path):
+    with lock_or_not(path):
         kept, why = runtime_cache.read(path, key)
         if kept is not None:
             forward, score, why = _recheck(kept, build, probe, agreement, min_agreement)
@@ -111,7 +111,7 @@ def _day(measured_at: str) -> str:
 
 
 @contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
+def lock_or_not(path: Path) -> Iterator[None]:
     """runtime_cache.locked, or no lock where the cache directory cannot hold one
     (read-only): the start goes on, unlocked."""
     with contextlib.ExitStack() as stack:

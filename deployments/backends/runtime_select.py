@@ -10,13 +10,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from deployments.backends import runtime_auto, runtime_cache, runtime_choice, runtimes
+from deployments.backends import (
+    passes_choice,
+    runtime_auto,
+    runtime_cache,
+    runtime_choice,
+    runtimes,
+)
 from deployments.backends.demo_llm import default_cache_dir
 
 logger = logging.getLogger(__name__)
@@ -48,6 +55,9 @@ class RuntimeSettings:
     # at an address-space limit (OpenVINO was seen to return its previous, smaller output
     # instead; torch bf16 failed single inputs that fit in fp32), so `auto` keeps to it.
     fp32_only: bool = False
+    # How many forward passes may run at once, each on `threads // passes` threads, or
+    # "auto": measured against one pass on every thread (backends/passes_choice.py).
+    passes: int | str = 1
 
 
 def torch_runtime(dtype: str, device: str) -> str:
@@ -60,7 +70,15 @@ def torch_runtime(dtype: str, device: str) -> str:
 def apply_runtime(
     model: Runnable, device: str, settings: RuntimeSettings, score_kind: str = "vector"
 ) -> dict[str, Any]:
-    """Set `model.forward` from `settings`; returns what was chosen and why (for info())."""
+    """Set `model.forward` from `settings`; returns what was chosen and why (for info()),
+    with `passes_in_flight`: how many passes the forward is built to run at once."""
+    report = _apply_runtime(model, device, settings, score_kind)
+    return {**report, **_apply_passes(model, device, settings, report["runtime"], score_kind)}
+
+
+def _apply_runtime(
+    model: Runnable, device: str, settings: RuntimeSettings, score_kind: str
+) -> dict[str, Any]:
     name = settings.runtime
     if name == "torch":
         name = torch_runtime(settings.dtype, device)
@@ -115,20 +133,7 @@ def apply_runtime(
             rounds=settings.rounds,
         )
 
-    key = runtime_cache.cache_key(
-        model={
-            "graph": type(graph).__name__,
-            "digest": digest,
-            "score_kind": score_kind,
-        },
-        hardware=runtime_cache.hardware(device, _gpu_name(device)),
-        libraries=runtime_cache.library_versions(),
-        threads=settings.threads,
-        batch_sizes=sizes,
-        min_agreement=settings.min_agreement,
-        candidates=candidates,
-        rounds=settings.rounds,
-    )
+    key = _key(graph, digest, score_kind, device, settings, sizes, candidates)
     path = runtime_cache.cache_path(cache_dir, type(graph).__name__, key)
     model.forward, report = runtime_auto.keep_or_measure(
         key,
@@ -140,6 +145,96 @@ def apply_runtime(
         min_agreement=settings.min_agreement,
     )
     return report
+
+
+def _key(
+    graph: torch.nn.Module,
+    digest: str,
+    score_kind: str,
+    device: str,
+    settings: RuntimeSettings,
+    sizes: Sequence[int],
+    candidates: Sequence[str],
+) -> dict[str, Any]:
+    return runtime_cache.cache_key(
+        model={"graph": type(graph).__name__, "digest": digest, "score_kind": score_kind},
+        hardware=runtime_cache.hardware(device, _gpu_name(device)),
+        libraries=runtime_cache.library_versions(),
+        threads=settings.threads,
+        batch_sizes=sizes,
+        min_agreement=settings.min_agreement,
+        candidates=candidates,
+        rounds=settings.rounds,
+    )
+
+
+def _apply_passes(
+    model: Runnable, device: str, settings: RuntimeSettings, runtime: str, score_kind: str
+) -> dict[str, Any]:
+    """Rebuilds `model.forward` for several passes at once where settings ask for it or
+    `auto` measures it faster; kept on disk beside the runtime's choice."""
+    wanted, threads = settings.passes, max(1, settings.threads)
+    if wanted != "auto":
+        passes = max(1, int(wanted))
+        if passes > 1:
+            model.forward = _forward_for(model, device, settings, runtime, passes)
+        return {"passes_in_flight": passes, "passes_reason": "configured"}
+    if device.startswith("cuda"):
+        return {"passes_in_flight": 1, "passes_reason": "auto: one pass at a time on a GPU"}
+    if threads < 2 or settings.fp32_only:
+        why = "one thread" if threads < 2 else "memory_limit_mib is set"
+        return {"passes_in_flight": 1, "passes_reason": f"auto: {why}"}
+    graph = model.graph()
+    sizes = sorted({int(s) for s in settings.batch_sizes if s > 0}) or [1]
+    key = _key(graph, runtimes.graph_key(graph), score_kind, device, settings, sizes, [runtime])
+    path = runtime_cache.cache_path(
+        settings.cache_dir or default_cache_dir(), f"{type(graph).__name__}-passes", key
+    )
+    with runtime_auto.lock_or_not(path):
+        kept, _ = runtime_cache.read(path, key)
+        kept_passes = kept.report.get("passes_in_flight") if kept is not None else None
+        if kept is not None and isinstance(kept_passes, int) and kept_passes >= 1:
+            if kept_passes > 1:
+                model.forward = _forward_for(model, device, settings, runtime, kept_passes)
+            return {**kept.report, "passes_decided": "kept"}
+        side_by_side = _forward_for(model, device, settings, runtime, threads)
+        choice = passes_choice.choose_passes(
+            model.forward,
+            side_by_side,
+            threads,
+            threads,
+            {s: model.sample(s) for s in sizes},
+            torch.set_num_threads,
+            rounds=settings.rounds,
+        )
+        if choice.passes > 1:
+            model.forward = side_by_side
+        report = {"runtime": runtime, **choice.report()}
+        try:
+            runtime_cache.write(path, key, runtime, report, datetime.now(UTC).isoformat())
+        except OSError as exc:  # the next start measures again
+            logger.warning("passes_in_flight auto: could not keep the choice: %s", exc)
+        logger.info("passes_in_flight auto: %s", choice.reason)
+        return {**report, "passes_decided": "measured"}
+
+
+def _forward_for(
+    model: Runnable, device: str, settings: RuntimeSettings, runtime: str, passes: int
+) -> runtimes.Forward:
+    """The forward for `passes` at once: torch's is the model's own (each calling thread
+    sets its thread count); the others are built with a stream per pass."""
+    if runtimes.family(runtime) == "torch":
+        return model.forward
+    cache_dir = settings.cache_dir or default_cache_dir()
+    return runtimes.build_forward(
+        runtime,
+        model.graph(),
+        model.input_names,
+        device,
+        settings.threads,
+        cache_dir,
+        streams=passes,
+    )
 
 
 def _gpu_name(device: str) -> str | None:
@@ -170,4 +265,5 @@ def settings_from(config: Any, threads: int) -> RuntimeSettings:
         threads=threads,
         cache_dir=Path(config.cache_dir) if config.cache_dir else None,
         fp32_only=getattr(config, "memory_limit_mib", None) is not None,
+        passes=getattr(config, "passes_in_flight", 1),
     )

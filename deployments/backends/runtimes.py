@@ -21,6 +21,7 @@ import hashlib
 import importlib.util
 import shutil
 import tempfile
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -115,9 +116,12 @@ def build_forward(
     threads: int,
     cache_dir: Path,
     digest: str | None = None,
+    streams: int = 1,
 ) -> Forward:
     """A forward pass of `graph` (an fp32 module, left unchanged) on `runtime`; `digest`
-    is `graph_key(graph)` where the caller already has it (it reads every weight)."""
+    is `graph_key(graph)` where the caller already has it (it reads every weight).
+    `streams`: how many passes may call it at once, from as many threads, sharing
+    `threads` between them (torch takes each calling thread's own thread count)."""
     check_available(runtime, device)
     if family(runtime) == "torch":
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
@@ -126,10 +130,11 @@ def build_forward(
         return TorchForward(graph, device, dtype, copy=dtype != torch.float32)
     onnx_path = export_onnx(graph, input_names, cache_dir, digest)
     if runtime.startswith("openvino"):
-        return openvino_forward(onnx_path, "bf16" if runtime.endswith("bf16") else "f32", threads)
+        precision = "bf16" if runtime.endswith("bf16") else "f32"
+        return openvino_forward(onnx_path, precision, threads, streams)
     if runtime == "onnx-int8":
         onnx_path = quantized_onnx(onnx_path)
-    return onnxruntime_forward(onnx_path, threads)
+    return onnxruntime_forward(onnx_path, max(1, threads // max(1, streams)))
 
 
 class TorchForward:
@@ -153,7 +158,7 @@ class TorchForward:
         return out.float().cpu().numpy()
 
 
-def openvino_forward(onnx_path: Path, precision: str, threads: int) -> Forward:
+def openvino_forward(onnx_path: Path, precision: str, threads: int, streams: int = 1) -> Forward:
     import openvino as ov
 
     core = ov.Core()
@@ -167,13 +172,20 @@ def openvino_forward(onnx_path: Path, precision: str, threads: int) -> Forward:
         {
             "INFERENCE_PRECISION_HINT": precision,
             "INFERENCE_NUM_THREADS": max(1, threads),
-            "PERFORMANCE_HINT": "LATENCY",
+            # One stream per pass in flight, the threads split between them: with
+            # several, each pass runs on its own cores instead of waiting for the other.
+            "NUM_STREAMS": max(1, streams),
+            "PERFORMANCE_HINT": "LATENCY" if streams <= 1 else "THROUGHPUT",
         },
     )
-    request = compiled.create_infer_request()
+    # An infer request serves one call at a time: one per calling thread.
+    requests = threading.local()
     wanted = {name for port in compiled.inputs for name in port.get_names()}
 
     def forward(features: Features) -> np.ndarray:
+        request = getattr(requests, "request", None)
+        if request is None:
+            request = requests.request = compiled.create_infer_request()
         result = request.infer({k: v for k, v in features.items() if k in wanted})
         output = np.asarray(result[compiled.output(0)], dtype=np.float32)
         rows = len(next(iter(features.values())))

@@ -105,7 +105,8 @@ INFERENCE = Series(
 MODEL_BUSY = Series(
     "tributary_model_busy_seconds",
     Kind.COUNTER,
-    "Seconds spent in forward passes; its rate is the model's busy fraction (1 = always).",
+    "Seconds spent in forward passes, summed over passes side by side; its rate is the "
+    "model's busy fraction (1 = always busy, up to passes_in_flight).",
     MODEL_CLASS,
 )
 BATCH_SIZE = Series(

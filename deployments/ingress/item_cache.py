@@ -61,6 +61,7 @@ NOT_IN_KEY = frozenset(
         "gpu_memory_fraction",
         "memory_limit_mib",
         "runtime_min_agreement",
+        "passes_in_flight",
         "max_inputs",
         "accept_token_ids",
         "max_documents",

@@ -5,10 +5,10 @@ A deployment class inherits `BatchedReplica`, loads its model and sets `self.tas
 task's plug-in (`embed_task.EmbedTask`, `rerank_task.RerankTask`). The base runs each call's
 jobs through `batched_jobs.run_jobs` with one `@serve.batch` queue per priority class
 (sized by count and padded tokens through each item's `BatchBudget`) as the batcher, the
-priority gate (one forward pass at a time, the most urgent waiting batch first, with
-ageing), the drop of items whose job expired or lost its client just before the pass, the
-task's `compute` on the deployment's one model thread, job bookkeeping for `forget`, and
-the counters `info()` reports.
+priority gate (one forward pass at a time, or `passes_in_flight` side by side on as many
+model threads; the most urgent waiting batch first, with ageing), the drop of items whose
+job expired or lost its client just before the pass, the task's `compute` on a model
+thread, job bookkeeping for `forget`, and the counters `info()` reports.
 
 `@serve.batch` keeps its queue on the decorated function, so it is shared by the
 instances of one process: fine for Serve, which runs one replica per actor process.
@@ -85,10 +85,11 @@ class BatchedReplica:
     def _init_batching(self, torch_threads: int, batching: ModelBatching) -> int:
         """Sets up the model thread, the class queues and the gate; returns the model
         thread's torch thread count (`torch_threads`, or torch's default when 0)."""
-        threads = torch_threads or torch.get_num_threads()
-        # One worker: the model runs one batch at a time. Torch's thread count is per OS
-        # thread, so it is set inside the worker, not here.
-        self._model_thread_id: int | None = None
+        threads = self._threads = torch_threads or torch.get_num_threads()
+        # One worker: the model runs one batch at a time, until `_run_passes` says more.
+        # Torch's thread count is per OS thread, so it is set inside the worker.
+        self._model_thread_ids: list[int] = []
+        self.passes_in_flight = 1
         self._executor = ThreadPoolExecutor(
             max_workers=1, initializer=self._model_thread_starts, initargs=(threads,)
         )
@@ -124,7 +125,30 @@ class BatchedReplica:
 
     def _model_thread_starts(self, threads: int) -> None:
         torch.set_num_threads(threads)
-        self._model_thread_id = threading.get_native_id()
+        self._model_thread_ids.append(threading.get_native_id())
+
+    def _run_passes(self, passes: int) -> None:
+        """After the runtime is built for `passes` at once (its `passes_in_flight`): as
+        many model threads sharing the threads, and as many turns at the gate and batches
+        of one class in flight. Before the first request: Serve's batch queues read
+        their concurrency when they are created."""
+        if passes <= 1:
+            return
+        each = max(1, self._threads // passes)
+        single, self._model_thread_ids = self._executor, []
+        self._executor = ThreadPoolExecutor(
+            max_workers=passes, initializer=self._model_thread_starts, initargs=(each,)
+        )
+        single.shutdown(wait=True)
+        for runner in self._runners.values():
+            # Serve's decorator fixes a queue's concurrency at decoration time and keeps
+            # it on the lazy wrapper its setters are bound to, read at the first request.
+            queue = getattr(runner.set_max_batch_size, "__self__", None)
+            if queue is None or not hasattr(queue, "max_concurrent_batches"):
+                raise RuntimeError("this Ray's @serve.batch cannot run batches side by side")
+            queue.max_concurrent_batches = passes
+        self.gate.set_capacity(passes)
+        self.passes_in_flight = passes
 
     def _fence_memory(self, device: str, config: Any) -> None:
         """Before the model loads: the GPU share this process may take, if configured."""
@@ -142,7 +166,12 @@ class BatchedReplica:
             largest = max(self.batching.of(p.label).max_batch_tokens for p in ALL_PRIORITIES)
             started = time.monotonic()
             ceiling = self._executor.submit(
-                self.device_memory.probe, run_rows, window, largest, allowance[0]
+                # Passes side by side share the allowance: each may take its part.
+                self.device_memory.probe,
+                run_rows,
+                window,
+                largest,
+                allowance[0] // self.passes_in_flight,
             ).result()
             self._memory["probe"] = {
                 **ceiling.report(),
@@ -225,8 +254,10 @@ class BatchedReplica:
             "pid": os.getpid(),
             # For bench/cost_budget.py, which tells the forward pass's CPU from the rest:
             # the model thread, and every Python thread (a runtime's own pool is neither).
+            "passes_in_flight": self.passes_in_flight,
             "threads": {
-                "model": self._model_thread_id,
+                "model": self._model_thread_ids[0] if self._model_thread_ids else None,
+                "models": list(self._model_thread_ids),
                 "python": sorted(t.native_id for t in threading.enumerate() if t.native_id),
             },
             "batching": self.batching.model_dump(),

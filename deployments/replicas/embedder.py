@@ -43,6 +43,7 @@ class Embedder(BatchedReplica):
         self.runtime = self._executor.submit(
             apply_runtime, self.backend, device, settings_from(config, threads)
         ).result()
+        self._run_passes(self.runtime["passes_in_flight"])
         self.task = EmbedTask(self.backend, config)
         # A real batch before the replica reports ready, so the first client does not
         # pay for lazy initialisation.

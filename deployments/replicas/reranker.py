@@ -52,6 +52,7 @@ class Reranker(BatchedReplica):
         self.backend, self.runtime = self._executor.submit(
             load_scorer, config, device, threads
         ).result()
+        self._run_passes(self.runtime["passes_in_flight"])
         self.task = RerankTask(self.backend, config)
         # A real batch before the replica reports ready.
         query, *docs = self.backend.tokenize([WARMUP.query, *WARMUP.documents])

@@ -114,42 +114,47 @@ def test_under_a_batch_class_flood_batch_gets_429_while_realtime_gets_200(
 
 def test_an_expired_request_gets_504_and_the_model_never_computes_it(server: Server) -> None:
     request_id = f"expire-{uuid.uuid4().hex}"
-    # 64 texts of ~256 tokens: one full normal-class forward pass. How long it takes
-    # depends on the runtime `auto` chose (over a second on torch fp32, a few tenths on
-    # OpenVINO bf16), so time one first and scale the test's moments to it: the second of
-    # two, since a runtime's first pass of a new shape also builds its kernels for it.
+    # The replica runs `passes_in_flight` passes side by side (auto may choose 2): fill
+    # every one with 64 texts of ~256 tokens, a full normal-class pass each. How long that
+    # takes depends on the runtime `auto` chose (over a second on torch fp32, a few tenths
+    # on OpenVINO bf16), so time it first and scale the test's moments to it: the second
+    # of two, since a runtime's first pass of a new shape also builds its kernels for it.
+    passes = stats(server)["replica"]["passes_in_flight"]
+
+    async def long_passes(client: httpx.AsyncClient) -> list[httpx.Response]:
+        sent = [post(client, server, [LONG_TEXT] * 64) for _ in range(passes)]
+        return [response for response, _ in await asyncio.gather(*sent)]
+
+    async def timed() -> float:
+        async with httpx.AsyncClient(timeout=120) as client:
+            started = time.monotonic()
+            assert {r.status_code for r in await long_passes(client)} == {200}
+            return time.monotonic() - started
+
     for _ in range(2):
-        started = time.monotonic()
-        timed = httpx.post(
-            f"{server.url}/v1/embeddings",
-            json={"model": MODEL, "input": [LONG_TEXT] * 64},
-            headers=AUTH,
-            timeout=120,
-        )
-        pass_s = time.monotonic() - started
-        assert timed.status_code == 200
+        pass_s = asyncio.run(timed())
 
     async def run() -> tuple[httpx.Response, httpx.Response]:
         async with httpx.AsyncClient(timeout=120) as client:
-            long_pass = asyncio.create_task(post(client, server, [LONG_TEXT] * 64))
+            running = asyncio.create_task(long_passes(client))
             await asyncio.sleep(0.2 * pass_s)
             late, _ = await post(
                 client,
                 server,
                 "too late",
-                # Long enough to reach the replica, short of the rest of the long pass.
+                # Long enough to reach the replica, short of the rest of the long passes.
                 **{
                     "X-Priority": "realtime",
                     "X-Request-Timeout": f"{0.4 * pass_s:.3f}",
                     "X-Request-ID": request_id,
                 },
             )
-            return late, (await long_pass)[0]
+            return late, (await running)[0]
 
     late, long_done = asyncio.run(run())
     assert long_done.status_code == 200
     assert late.status_code == 504 and late.json()["error"]["code"] == "deadline_exceeded"
-    # The realtime call reached the replica and waited at the gate behind the long pass;
+    # The realtime call reached the replica and waited at the gate behind the long passes;
     # when its turn came it was out of time and was dropped instead of computed.
     assert drop_reason(server, request_id) == "expired"
     replica = stats(server)["replica"]

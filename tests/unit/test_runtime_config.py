@@ -136,3 +136,39 @@ def test_a_memory_limit_keeps_to_torch_runtimes(
     report = runtime_select.apply_runtime(TinyModel(), "cpu", settings)
     assert [c["runtime"] for c in report["candidates"]] == ["torch-fp32"]
     assert report["runtime"] == "torch-fp32"
+
+
+def test_passes_in_flight_field_and_its_limits() -> None:
+    assert EmbeddingModelConfig(name="m", source="x").passes_in_flight == 1
+    auto = EmbeddingModelConfig(name="m", source="x", passes_in_flight="auto")
+    assert runtime_select.settings_from(auto, 2).passes == "auto"
+    with pytest.raises(ValidationError, match="passes_in_flight"):
+        EmbeddingModelConfig(name="m", source="x", passes_in_flight=0)
+    with pytest.raises(ValidationError, match="runs one forward pass at a time"):
+        EmbeddingModelConfig(name="m", source="x", passes_in_flight=2, memory_limit_mib=100)
+    assert EmbeddingModelConfig(name="m", source="x", passes_in_flight="auto", memory_limit_mib=100)
+
+
+def test_passes_auto_is_measured_once_and_kept(tmp_path: Path) -> None:
+    settings = runtime_select.RuntimeSettings(
+        runtime="torch", batch_sizes=(1, 4), rounds=1, threads=2, cache_dir=tmp_path, passes="auto"
+    )
+    first = runtime_select.apply_runtime(TinyModel(), "cpu", settings)
+    assert first["runtime"] == "torch-fp32" and first["passes_decided"] == "measured"
+    assert first["passes_in_flight"] in (1, 2)
+    assert set(first["passes_texts_per_s"]) == {"1", "2"}
+    again = runtime_select.apply_runtime(TinyModel(), "cpu", settings)
+    assert again["passes_decided"] == "kept"
+    assert again["passes_in_flight"] == first["passes_in_flight"]
+
+
+def test_passes_auto_keeps_one_pass_without_measuring_where_it_cannot_help() -> None:
+    for threads, fp32_only, why in ((1, False, "one thread"), (2, True, "memory_limit_mib")):
+        settings = runtime_select.RuntimeSettings(
+            runtime="torch", threads=threads, passes="auto", fp32_only=fp32_only
+        )
+        report = runtime_select.apply_runtime(TinyModel(), "cpu", settings)
+        assert report["passes_in_flight"] == 1 and why in report["passes_reason"]
+    configured = runtime_select.RuntimeSettings(runtime="torch", threads=2, passes=2)
+    report = runtime_select.apply_runtime(TinyModel(), "cpu", configured)
+    assert report["passes_in_flight"] == 2 and report["passes_reason"] == "configured"
