@@ -20,6 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,10 +58,16 @@ def workload(n_requests: int, docs: int) -> list[tuple[str, list[str]]]:
 
 
 def bare_pairs_per_s(
-    scorer: PairScorer, work: list[tuple[str, list[str]]], batch: int, duration_s: float
+    scorer: PairScorer,
+    work: list[tuple[str, list[str]]],
+    batch: int,
+    duration_s: float,
+    passes: int = 1,
+    threads: int = 2,
 ) -> float:
     """Tokenize each request's query and documents and score its pairs, `batch` pairs a
-    pass (a pass may span requests, as the deployment's batches do)."""
+    pass (a pass may span requests, as the deployment's batches do); `passes` loops side
+    by side, `threads // passes` torch threads each, as the replica runs them."""
 
     def pass_over(start: int) -> int:
         pairs = []
@@ -71,13 +78,21 @@ def bare_pairs_per_s(
             scorer.score(pairs[i : i + batch])
         return len(pairs)
 
-    pass_over(0)  # warm up
-    done, start = 0, 0
-    began = time.perf_counter()
-    while (elapsed := time.perf_counter() - began) < duration_s:
-        done += pass_over(start)
-        start = (start + 4) % len(work)
-    return done / elapsed
+    def loop(first: int, until: float) -> int:
+        done, start = 0, first
+        while time.perf_counter() < until:
+            done += pass_over(start)
+            start = (start + 4) % len(work)
+        return done
+
+    each = max(1, threads // passes)
+    with ThreadPoolExecutor(passes, initializer=torch.set_num_threads, initargs=(each,)) as pool:
+        for future in [pool.submit(pass_over, 4 * n) for n in range(passes)]:  # warm up
+            future.result()
+        began = time.perf_counter()
+        loops = [pool.submit(loop, (8 * n) % len(work), began + duration_s) for n in range(passes)]
+        done = sum(future.result() for future in loops)
+        return done / (time.perf_counter() - began)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -107,7 +122,9 @@ def main(argv: list[str] | None = None) -> None:
     model = RerankModelConfig.model_validate(config["applications"][0]["args"]["rerank_models"][0])
     if model.torch_threads:
         torch.set_num_threads(model.torch_threads)
-    scorer, _ = load_scorer(model, "cpu", torch.get_num_threads())
+    threads = torch.get_num_threads()
+    scorer, report = load_scorer(model, "cpu", threads)
+    passes = int(report["passes_in_flight"])
     batch = model.batching.normal.max_batch_size
     work = workload(64, args.documents)
     bodies = [
@@ -121,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     ):
         time.sleep(SETTLE_S)
         for index in range(args.rounds):
-            bare = bare_pairs_per_s(scorer, work, batch, args.bare_duration)
+            bare = bare_pairs_per_s(scorer, work, batch, args.bare_duration, passes, threads)
             print(f"round {index + 1}: bare {bare:.0f} pairs/s", file=sys.stderr)
             load = asyncio.run(
                 run_closed_loop(
