@@ -30,6 +30,13 @@ from pathlib import Path
 import yaml
 
 from deployments.launch_output import announce_when_ready, quiet_shutdown_noise
+from deployments.launch_paths import (
+    InstanceDirError,
+    haproxy_paths,
+    make_instance_dir,
+    needs_instance_dir,
+    remove_instance_dir,
+)
 
 # Always: a local Ray instance of our own (never someone else's cluster) and no usage
 # reporting (there may be no internet to report to).
@@ -195,6 +202,35 @@ def main(argv: list[str]) -> None:
             # Else HAProxy fails to start inside Serve and Ray ends in a long traceback.
             parser.exit(2, f"{parser.prog}: error: {problem}\n")
         os.environ.update(haproxy_side_ports(os.environ))
+    instance = own_haproxy_dir(parser)
+    try:
+        _serve(args, serve_args)
+    finally:
+        if instance is not None:
+            # After Ray, so no HAProxy of ours still writes there.
+            _shutdown_ray()
+            remove_instance_dir(*instance)
+
+
+def own_haproxy_dir(parser: argparse.ArgumentParser) -> tuple[Path, int] | None:
+    """Serve's HAProxy files in a directory of this user and instance (launch_paths.py);
+    None when HAProxy is off, the operator chose every path, or the Ray is not ours (an
+    existing cluster's nodes start HAProxy with their own environment)."""
+    if (
+        os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") != "1"
+        or os.environ.get("RAY_ADDRESS") != "local"
+        or not needs_instance_dir(os.environ)
+    ):
+        return None
+    try:
+        instance = make_instance_dir(os.environ)
+    except InstanceDirError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    os.environ.update(haproxy_paths(instance[0], os.environ))
+    return instance
+
+
+def _serve(args: argparse.Namespace, serve_args: list[str]) -> None:
     # A shell starts background jobs with SIGINT ignored, and Python keeps an ignored
     # SIGINT ignored; restore Python's handler so `serve run` sees KeyboardInterrupt and
     # turns SIGINT into a clean stop.
@@ -220,6 +256,12 @@ def main(argv: list[str]) -> None:
     # is the truth and silences that. An --address among serve_args still comes last.
     gcs = ray.get_runtime_context().gcs_address
     serve_cli.main(["run", "--address", gcs, args.config, *serve_args], prog_name="serve")
+
+
+def _shutdown_ray() -> None:
+    import ray
+
+    ray.shutdown()
 
 
 def _apps_running() -> bool:

@@ -1,0 +1,112 @@
+"""deployments.launch_paths: every launcher gets a private directory of its user's and its
+own for Serve's HAProxy files, paths the operator set are kept, a directory someone else
+planted is not used, and one a dead launcher left is swept. Two real users of one machine:
+test_launch_two_users.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deployments import launch_paths
+from deployments.launch_paths import (
+    HAPROXY_PATHS,
+    INSTANCE_DIR_VARIABLE,
+    InstanceDirError,
+    haproxy_paths,
+    make_instance_dir,
+    needs_instance_dir,
+    remove_instance_dir,
+    sweep_abandoned,
+)
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    """A short directory: pytest's tmp_path is too long for a socket's path."""
+    path = Path(tempfile.mkdtemp(prefix="lp", dir="/tmp"))
+    yield path
+    shutil.rmtree(path)
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_each_instance_gets_a_private_directory_under_the_users_own(base: Path) -> None:
+    environ = {"XDG_RUNTIME_DIR": str(base)}
+    first, first_lock = make_instance_dir(environ)
+    second, second_lock = make_instance_dir(environ)
+    user_dir = base / f"tributary-{os.geteuid()}"
+    assert first.parent == second.parent == user_dir
+    assert first != second
+    assert _mode(user_dir) == _mode(first) == 0o700
+    paths = haproxy_paths(first, {})
+    assert set(paths) == {*HAPROXY_PATHS, INSTANCE_DIR_VARIABLE}
+    assert paths["RAY_SERVE_HAPROXY_CONFIG_FILE_LOC"] == str(first / "haproxy.cfg")
+    assert paths["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"] == str(first)
+    remove_instance_dir(first, first_lock)
+    remove_instance_dir(second, second_lock)
+    assert not first.exists() and not second.exists()
+
+
+def test_an_operators_paths_win() -> None:
+    mine = {"RAY_SERVE_HAPROXY_SOCKET_PATH": "/srv/haproxy/admin.sock"}
+    chosen = haproxy_paths(Path("/run/x"), mine)
+    assert "RAY_SERVE_HAPROXY_SOCKET_PATH" not in chosen
+    assert needs_instance_dir(mine)
+    assert not needs_instance_dir(dict.fromkeys(HAPROXY_PATHS, "/srv/haproxy/x"))
+
+
+def test_a_planted_user_directory_is_passed_over(base: Path) -> None:
+    """Anyone may create names in /tmp: a symlink (or a directory of another user) where the
+    user's directory should be is never followed; the next base is used."""
+    planted, fallback = base / "p", base / "f"
+    planted.mkdir()
+    fallback.mkdir()
+    (planted / f"tributary-{os.geteuid()}").symlink_to(base)
+    bases = [planted, fallback]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(launch_paths, "bases", lambda environ: bases)
+        instance, lock = make_instance_dir({})
+        assert instance.parent == fallback / f"tributary-{os.geteuid()}"
+        remove_instance_dir(instance, lock)
+        bases.pop()
+        with pytest.raises(InstanceDirError, match="not a directory of uid"):
+            make_instance_dir({})
+
+
+def test_an_open_user_directory_of_ones_own_is_closed(base: Path) -> None:
+    user_dir = base / f"tributary-{os.geteuid()}"
+    user_dir.mkdir()
+    user_dir.chmod(0o755)
+    instance, lock = make_instance_dir({"XDG_RUNTIME_DIR": str(base)})
+    assert _mode(user_dir) == 0o700
+    remove_instance_dir(instance, lock)
+
+
+def test_a_base_too_long_for_a_socket_path_is_skipped(base: Path) -> None:
+    deep = base / ("d" * 60)
+    deep.mkdir()
+    instance, lock = make_instance_dir({"XDG_RUNTIME_DIR": str(deep)})
+    assert not instance.is_relative_to(deep)
+    assert launch_paths.longest_socket_path(instance) <= launch_paths.SOCKET_PATH_MAX
+    remove_instance_dir(instance, lock)
+
+
+def test_a_dead_launchers_directory_is_swept_a_live_ones_kept(base: Path) -> None:
+    environ = {"XDG_RUNTIME_DIR": str(base)}
+    live, live_lock = make_instance_dir(environ)
+    dead, dead_lock = make_instance_dir(environ)
+    os.close(dead_lock)  # as its launcher's death would
+    (dead / "haproxy.cfg").write_text("left behind")
+    (live.parent / "notes").write_text("not an instance")
+    (live.parent / "bare").mkdir()  # no lock: one being made right now
+    assert sweep_abandoned(live.parent) == [dead]
+    assert live.is_dir() and not dead.exists() and (live.parent / "bare").is_dir()
+    remove_instance_dir(live, live_lock)
