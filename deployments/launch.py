@@ -292,7 +292,12 @@ def _serve(
         serve_cli.main(["run", "--address", gcs, args.config, *serve_args], prog_name="serve")
     except (SystemExit, KeyboardInterrupt):
         if watch.gave_up.is_set():
-            raise SystemExit(EXIT_UNPLACEABLE) from None
+            # After `serve run`'s "Got KeyboardInterrupt": the interrupt was ours.
+            parser.exit(
+                EXIT_UNPLACEABLE,
+                f"{parser.prog}: error: stopped: Serve could not place every replica "
+                "(above: why, and what the config asks)\n",
+            )
         raise
 
 

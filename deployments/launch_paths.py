@@ -6,12 +6,13 @@ node id. The first user's runs leave that directory owned by them, and every oth
 HAProxy then fails at start-up with a PermissionError (86 failed tests for a second user of
 one machine). The launcher points all five paths into
 
-    <base>/tributary-<uid>/<random>/     (both levels mode 0700)
+    <tmp>/tributary-<uid>/<6 random hex digits>/     (both levels mode 0700)
 
-where <base> is $XDG_RUNTIME_DIR, else the temporary directory (TMPDIR, else /tmp). The
-instance's directory goes when the launcher stops cleanly; one left by a launcher that died
-is swept by the next launch of the same user (its lock is free). Paths the operator set
-in the environment are kept.
+where <tmp> is $TMPDIR, else /tmp: the first where the sockets' paths are short enough
+(below; $XDG_RUNTIME_DIR, /run/user/<uid>, would be the natural place but is already too
+long for them). The instance's directory goes when the launcher stops cleanly; one left
+by a launcher that died is swept by the next launch of the same user (its lock is free).
+Paths the operator set in the environment are kept.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import secrets
 import shutil
 import stat
 import tempfile
@@ -38,10 +40,12 @@ HAPROXY_PATHS = {
 SOCKETS = ("admin.sock", "log.sock")
 # Set for the HAProxy wrapper (bin/haproxy_front_door.py), whose temporary files go there too.
 INSTANCE_DIR_VARIABLE = "TRIBUTARY_INSTANCE_DIR"
-# Serve puts each file one directory deeper, named by the node id (56 hex digits), and a
-# Unix socket's path must fit in sun_path: 108 bytes with the terminating NUL.
+# Serve puts each file one directory deeper, named by the node id (56 hex digits), and
+# HAProxy refuses a socket path longer than 97 bytes ("socket path ... too long (max 97)":
+# sun_path's 108 less room for the temporary name it binds first).
 NODE_ID_CHARS = 56
-SOCKET_PATH_MAX = 107
+SOCKET_PATH_MAX = 97
+INSTANCE_NAME_BYTES = 3  # 6 hex digits: short, and unique among one user's instances
 LOCK_NAME = ".lock"
 
 
@@ -51,7 +55,7 @@ class InstanceDirError(RuntimeError):
 
 def bases(environ: Mapping[str, str]) -> list[Path]:
     """Where a user's directory may go, best first, without repeats."""
-    found = [environ.get("XDG_RUNTIME_DIR", ""), tempfile.gettempdir(), "/tmp"]
+    found = [environ.get("TMPDIR", ""), tempfile.gettempdir(), "/tmp"]
     unique = dict.fromkeys(Path(b) for b in found if b)
     return list(unique)
 
@@ -73,6 +77,15 @@ def private_dir(path: Path) -> bool:
     if info.st_mode & 0o077:
         path.chmod(0o700)
     return True
+
+
+def new_dir(parent: Path) -> Path:
+    """A new directory with a short random name (mkdtemp's are longer)."""
+    while True:
+        path = parent / secrets.token_hex(INSTANCE_NAME_BYTES)
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o700)
+            return path
 
 
 def hold_lock(directory: Path) -> int:
@@ -113,8 +126,7 @@ def make_instance_dir(environ: Mapping[str, str]) -> tuple[Path, int]:
     refused: list[str] = []
     for base in bases(environ):
         user_dir = base / f"tributary-{uid}"
-        # The instance's name: mkdtemp's 8 characters.
-        if longest_socket_path(user_dir / ("x" * 8)) > SOCKET_PATH_MAX:
+        if longest_socket_path(user_dir / ("x" * 2 * INSTANCE_NAME_BYTES)) > SOCKET_PATH_MAX:
             refused.append(f"{base}: too long for a socket path")
             continue
         try:
@@ -122,14 +134,14 @@ def make_instance_dir(environ: Mapping[str, str]) -> tuple[Path, int]:
                 refused.append(f"{user_dir}: not a directory of uid {uid} alone")
                 continue
             sweep_abandoned(user_dir)
-            instance = Path(tempfile.mkdtemp(prefix="", dir=user_dir))
+            instance = new_dir(user_dir)
             return instance, hold_lock(instance)
         except OSError as exc:
             refused.append(f"{user_dir}: {exc.strerror or exc}")
     raise InstanceDirError(
         "no private directory for HAProxy's files ("
         + "; ".join(refused)
-        + "): set XDG_RUNTIME_DIR or TMPDIR to a short directory of your own"
+        + "): set TMPDIR to a short directory, or set the RAY_SERVE_HAPROXY_* paths"
     )
 
 

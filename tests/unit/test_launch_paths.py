@@ -25,10 +25,14 @@ from deployments.launch_paths import (
     sweep_abandoned,
 )
 
+REAL_SOCKET_PATH_MAX = launch_paths.SOCKET_PATH_MAX
+
 
 @pytest.fixture
-def base() -> Iterator[Path]:
-    """A short directory: pytest's tmp_path is too long for a socket's path."""
+def base(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A directory for the users' directories. Nothing binds a socket here, so the length
+    bound is lifted (a test's directory is longer than /tmp) but where it is tested."""
+    monkeypatch.setattr(launch_paths, "SOCKET_PATH_MAX", 4096)
     path = Path(tempfile.mkdtemp(prefix="lp", dir="/tmp"))
     yield path
     shutil.rmtree(path)
@@ -39,7 +43,7 @@ def _mode(path: Path) -> int:
 
 
 def test_each_instance_gets_a_private_directory_under_the_users_own(base: Path) -> None:
-    environ = {"XDG_RUNTIME_DIR": str(base)}
+    environ = {"TMPDIR": str(base)}
     first, first_lock = make_instance_dir(environ)
     second, second_lock = make_instance_dir(environ)
     user_dir = base / f"tributary-{os.geteuid()}"
@@ -85,22 +89,24 @@ def test_an_open_user_directory_of_ones_own_is_closed(base: Path) -> None:
     user_dir = base / f"tributary-{os.geteuid()}"
     user_dir.mkdir()
     user_dir.chmod(0o755)
-    instance, lock = make_instance_dir({"XDG_RUNTIME_DIR": str(base)})
+    instance, lock = make_instance_dir({"TMPDIR": str(base)})
     assert _mode(user_dir) == 0o700
     remove_instance_dir(instance, lock)
 
 
-def test_a_base_too_long_for_a_socket_path_is_skipped(base: Path) -> None:
-    deep = base / ("d" * 60)
-    deep.mkdir()
-    instance, lock = make_instance_dir({"XDG_RUNTIME_DIR": str(deep)})
-    assert not instance.is_relative_to(deep)
-    assert launch_paths.longest_socket_path(instance) <= launch_paths.SOCKET_PATH_MAX
+def test_a_base_too_long_for_haproxys_socket_paths_is_skipped(
+    base: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(launch_paths, "SOCKET_PATH_MAX", REAL_SOCKET_PATH_MAX)
+    instance, lock = make_instance_dir({"TMPDIR": str(base)})
+    assert not instance.is_relative_to(base)  # /tmp/lp<8 characters> is too long already
+    assert launch_paths.longest_socket_path(instance) <= REAL_SOCKET_PATH_MAX
+    assert REAL_SOCKET_PATH_MAX == 97  # HAProxy's "socket path ... too long (max 97)"
     remove_instance_dir(instance, lock)
 
 
 def test_a_dead_launchers_directory_is_swept_a_live_ones_kept(base: Path) -> None:
-    environ = {"XDG_RUNTIME_DIR": str(base)}
+    environ = {"TMPDIR": str(base)}
     live, live_lock = make_instance_dir(environ)
     dead, dead_lock = make_instance_dir(environ)
     os.close(dead_lock)  # as its launcher's death would

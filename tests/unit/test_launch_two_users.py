@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 from ray.serve._private.haproxy import HAProxyApi, HAProxyConfig
 
+from deployments import launch_paths
 from deployments.launch_paths import HAPROXY_PATHS, haproxy_paths, make_instance_dir
 
 pytestmark = pytest.mark.skipif(
@@ -68,7 +69,9 @@ def serve_default_paths(shared: Path) -> dict[str, str]:
 
 
 def launcher_paths(shared: Path) -> dict[str, str]:
-    instance, _ = make_instance_dir({"XDG_RUNTIME_DIR": str(shared)})
+    # Nothing binds a socket here, and the shared directory is longer than /tmp.
+    launch_paths.SOCKET_PATH_MAX = 4096
+    instance, _ = make_instance_dir({"TMPDIR": str(shared)})
     if not instance.is_relative_to(shared):  # not in the real /tmp, a fallback
         raise RuntimeError(f"{instance} is outside {shared}")
     return haproxy_paths(instance, {})
@@ -100,9 +103,8 @@ def as_user(uid: int, step: Callable[[], dict[str, str]]) -> str:
 
 @pytest.fixture
 def shared() -> Iterator[Path]:
-    """A world-writable sticky directory, as /tmp is, as short as /tmp/<8 characters> (the
-    sockets' paths have room for a directory this long with five-digit uids)."""
-    path = Path(tempfile.mkdtemp(prefix="", dir="/tmp"))
+    """A world-writable sticky directory, as /tmp is."""
+    path = Path(tempfile.mkdtemp(prefix="2u", dir="/tmp"))
     path.chmod(0o1777)
     yield path
     shutil.rmtree(path)
