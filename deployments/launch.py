@@ -13,7 +13,11 @@ run` then finds Ray initialised and uses it, so what follows is unchanged: Ctrl-
 KeyboardInterrupt, it shuts Serve down, and the exit shuts down the Ray it runs in.
 
     python -m deployments.launch [--mode throughput|haproxy|proxy] [--metrics-port N]
+                                 [--placement-timeout-s S] [--no-placement-check]
                                  [serve_config.yaml]
+
+It also gives HAProxy's files a directory of this user and instance (launch_paths.py), and
+refuses or gives up on a config the machine cannot place (launch_placement.py).
 """
 
 from __future__ import annotations
@@ -189,7 +193,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--placement-timeout-s",
         type=float,
-        default=float(os.environ.get("TRIBUTARY_PLACEMENT_TIMEOUT_S", DEFAULT_TIMEOUT_S)),
+        # A string default goes through `type`, so a bad variable is a usage error.
+        default=os.environ.get("TRIBUTARY_PLACEMENT_TIMEOUT_S", str(DEFAULT_TIMEOUT_S)),
         help="Give up once Serve has said this long that a replica cannot be scheduled "
         "(TRIBUTARY_PLACEMENT_TIMEOUT_S); 0 waits forever.",
     )
