@@ -85,6 +85,19 @@ def test_a_planted_user_directory_is_passed_over(base: Path) -> None:
             make_instance_dir({})
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory away needs root")
+def test_a_user_directory_another_user_owns_is_passed_over(base: Path) -> None:
+    (base / "p").mkdir()
+    squatted = base / "p" / f"tributary-{os.geteuid()}"
+    squatted.mkdir(mode=0o700)
+    os.chown(squatted, 61999, 61999)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(launch_paths, "bases", lambda environ: [base / "p"])
+        with pytest.raises(InstanceDirError, match="not a directory of uid"):
+            make_instance_dir({})
+    assert list(squatted.iterdir()) == []
+
+
 def test_an_open_user_directory_of_ones_own_is_closed(base: Path) -> None:
     user_dir = base / f"tributary-{os.geteuid()}"
     user_dir.mkdir()
