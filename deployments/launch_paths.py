@@ -79,13 +79,22 @@ def private_dir(path: Path) -> bool:
     return True
 
 
-def new_dir(parent: Path) -> Path:
-    """A new directory with a short random name (mkdtemp's are longer)."""
+def new_locked_dir(parent: Path) -> tuple[Path, int]:
+    """A new directory with a short random name (mkdtemp's are longer), and its held lock.
+    It is made and locked under a dot-name that sweeps pass over, then renamed: a launcher
+    sweeping at the same moment never sees it unlocked."""
     while True:
-        path = parent / secrets.token_hex(INSTANCE_NAME_BYTES)
-        with contextlib.suppress(FileExistsError):
-            path.mkdir(mode=0o700)
-            return path
+        name = secrets.token_hex(INSTANCE_NAME_BYTES)
+        staging, path = parent / f".{name}", parent / name
+        try:
+            staging.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        lock = hold_lock(staging)
+        if not path.exists():  # rename would replace an empty directory
+            staging.rename(path)
+            return path, lock
+        remove_instance_dir(staging, lock)
 
 
 def hold_lock(directory: Path) -> int:
@@ -101,7 +110,8 @@ def sweep_abandoned(user_dir: Path) -> list[Path]:
     swept = []
     for child in user_dir.iterdir():
         lock = child / LOCK_NAME
-        if child.is_symlink() or not child.is_dir() or not lock.is_file():
+        hidden = child.name.startswith(".")  # being made (new_locked_dir)
+        if hidden or child.is_symlink() or not child.is_dir() or not lock.is_file():
             continue
         try:
             fd = os.open(lock, os.O_RDWR)
@@ -134,8 +144,7 @@ def make_instance_dir(environ: Mapping[str, str]) -> tuple[Path, int]:
                 refused.append(f"{user_dir}: not a directory of uid {uid} alone")
                 continue
             sweep_abandoned(user_dir)
-            instance = new_dir(user_dir)
-            return instance, hold_lock(instance)
+            return new_locked_dir(user_dir)
         except OSError as exc:
             refused.append(f"{user_dir}: {exc.strerror or exc}")
     raise InstanceDirError(

@@ -125,7 +125,10 @@ def test_a_dead_launchers_directory_is_swept_a_live_ones_kept(base: Path) -> Non
     os.close(dead_lock)  # as its launcher's death would
     (dead / "haproxy.cfg").write_text("left behind")
     (live.parent / "notes").write_text("not an instance")
-    (live.parent / "bare").mkdir()  # no lock: one being made right now
+    (live.parent / "bare").mkdir()  # no lock: not an instance's
+    (live.parent / ".being-made").mkdir()  # new_locked_dir's before the rename
+    (live.parent / ".being-made" / ".lock").touch()
     assert sweep_abandoned(live.parent) == [dead]
-    assert live.is_dir() and not dead.exists() and (live.parent / "bare").is_dir()
+    assert live.is_dir() and not dead.exists()
+    assert (live.parent / "bare").is_dir() and (live.parent / ".being-made").is_dir()
     remove_instance_dir(live, live_lock)
