@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench.server import Server, alive, descendants, launch, load_config
+from deployments import launch as launch_module
 from deployments.launch_paths import INSTANCE_DIR_VARIABLE
 from deployments.launch_placement import EXIT_UNPLACEABLE
 
@@ -49,6 +50,17 @@ def nothing_fits() -> dict:
     for deployment in (args["ingress"]["deployment"], args["embedding_models"][0]["deployment"]):
         deployment["ray_actor_options"]["num_cpus"] = CPUS + 1
     return config
+
+
+def own_side_ports() -> dict[str, str]:
+    """HAProxy's side ports and Serve's fallback ports, chosen here: the launcher moves a
+    taken default, but two servers starting in the same seconds (other tests, other users)
+    can both find one free and the later HAProxy then fails to bind it."""
+    ports: set[int] = set()
+    while len(ports) < len(launch_module.HAPROXY_SIDE_PORTS):
+        ports.add(launch_module._any_free_port())
+    names = launch_module.HAPROXY_SIDE_PORTS
+    return {name: str(port) for name, port in zip(names, ports, strict=True)}
 
 
 def instance_dirs(pids: set[int]) -> set[Path]:
@@ -109,7 +121,7 @@ def test_replicas_serve_cannot_schedule_end_the_launch_with_serves_reason(
         nothing_fits(),
         tmp_path,
         ["--no-placement-check", f"--placement-timeout-s={GIVE_UP_S}"],
-        environment=SERVE_SAYS_EARLY,
+        environment={**SERVE_SAYS_EARLY, **own_side_ports()},
     )
     instances, configs = wait_for_exit(server, timeout_s=150)
     output = server.log.read_text()
