@@ -70,6 +70,25 @@ def running_server(
     """Serves `config` on a free port; on exit stops it like Ctrl-C and raises if any
     process it started outlives that. Ray's metrics go to `metrics_port` (a restart test
     reuses one), else to a free port."""
+    server = launch(config, workdir, ["--mode", mode] if mode else [], metrics_port)
+    try:
+        wait_until_healthy(server, startup_timeout_s)
+        yield server
+    finally:
+        leftovers = stop_like_ctrl_c(server.process)
+    if leftovers:
+        raise RuntimeError(f"processes outlived Ctrl-C: {sorted(leftovers)}")
+
+
+def launch(
+    config: dict,
+    workdir: Path,
+    arguments: list[str],
+    metrics_port: int | None = None,
+    environment: dict[str, str] | None = None,
+) -> Server:
+    """Starts `python -m deployments.launch` on `config` with a free HTTP port, without
+    waiting; its output goes to workdir/serve.log."""
     config = {**config, "http_options": {**config.get("http_options", {}), "port": free_port()}}
     if metrics_port is None:
         metrics_port = free_port()  # never 8080: a `make serve` may be running beside us
@@ -82,7 +101,7 @@ def running_server(
                 sys.executable,
                 "-m",
                 "deployments.launch",
-                *(["--mode", mode] if mode else []),
+                *arguments,
                 f"--metrics-port={metrics_port}",
                 str(config_path),
             ],
@@ -90,15 +109,9 @@ def running_server(
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own group: a last-resort kill hits only it
+            env={**os.environ, **(environment or {})},
         )
-    server = Server(config["http_options"]["port"], process, log, config_path, metrics_port)
-    try:
-        wait_until_healthy(server, startup_timeout_s)
-        yield server
-    finally:
-        leftovers = stop_like_ctrl_c(process)
-    if leftovers:
-        raise RuntimeError(f"processes outlived Ctrl-C: {sorted(leftovers)}")
+    return Server(config["http_options"]["port"], process, log, config_path, metrics_port)
 
 
 def deploy(server: Server, config: dict, path: Path, timeout_s: float = 120) -> None:

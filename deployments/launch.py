@@ -13,7 +13,11 @@ run` then finds Ray initialised and uses it, so what follows is unchanged: Ctrl-
 KeyboardInterrupt, it shuts Serve down, and the exit shuts down the Ray it runs in.
 
     python -m deployments.launch [--mode throughput|haproxy|proxy] [--metrics-port N]
+                                 [--placement-timeout-s S] [--no-placement-check]
                                  [serve_config.yaml]
+
+It also gives HAProxy's files a directory of this user and instance (launch_paths.py), and
+refuses or gives up on a config the machine cannot place (launch_placement.py).
 """
 
 from __future__ import annotations
@@ -30,6 +34,19 @@ from pathlib import Path
 import yaml
 
 from deployments.launch_output import announce_when_ready, quiet_shutdown_noise
+from deployments.launch_paths import (
+    InstanceDirError,
+    haproxy_paths,
+    make_instance_dir,
+    needs_instance_dir,
+    remove_instance_dir,
+)
+from deployments.launch_placement import (
+    DEFAULT_TIMEOUT_S,
+    EXIT_UNPLACEABLE,
+    PlacementWatch,
+    placement_problem,
+)
 
 # Always: a local Ray instance of our own (never someone else's cluster) and no usage
 # reporting (there may be no internet to report to).
@@ -173,6 +190,19 @@ def main(argv: list[str]) -> None:
         default=DEFAULT_METRICS_PORT,
         help="Ray's Prometheus endpoint (/metrics) on this port; 0 lets Ray pick one.",
     )
+    parser.add_argument(
+        "--placement-timeout-s",
+        type=float,
+        # A string default goes through `type`, so a bad variable is a usage error.
+        default=os.environ.get("TRIBUTARY_PLACEMENT_TIMEOUT_S", str(DEFAULT_TIMEOUT_S)),
+        help="Give up once Serve has said this long that a replica cannot be scheduled "
+        "(TRIBUTARY_PLACEMENT_TIMEOUT_S); 0 waits forever.",
+    )
+    parser.add_argument(
+        "--no-placement-check",
+        action="store_true",
+        help="Deploy even when the config asks for more than this Ray has in total.",
+    )
     parser.add_argument("config", nargs="?", default="serve_config.yaml")
     args, serve_args = parser.parse_known_args(argv)
     if not Path(args.config).is_file():
@@ -195,12 +225,44 @@ def main(argv: list[str]) -> None:
             # Else HAProxy fails to start inside Serve and Ray ends in a long traceback.
             parser.exit(2, f"{parser.prog}: error: {problem}\n")
         os.environ.update(haproxy_side_ports(os.environ))
+    instance = own_haproxy_dir(parser)
+    try:
+        _serve(parser, args, serve_args)
+    finally:
+        if instance is not None:
+            # After Ray, so no HAProxy of ours still writes there.
+            _shutdown_ray()
+            remove_instance_dir(*instance)
+
+
+def own_haproxy_dir(parser: argparse.ArgumentParser) -> tuple[Path, int] | None:
+    """Serve's HAProxy files in a directory of this user and instance (launch_paths.py);
+    None when HAProxy is off, the operator chose every path, or the Ray is not ours (an
+    existing cluster's nodes start HAProxy with their own environment)."""
+    if (
+        os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") != "1"
+        or os.environ.get("RAY_ADDRESS") != "local"
+        or not needs_instance_dir(os.environ)
+    ):
+        return None
+    try:
+        instance = make_instance_dir(os.environ)
+    except InstanceDirError as exc:
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
+    os.environ.update(haproxy_paths(instance[0], os.environ))
+    return instance
+
+
+def _serve(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, serve_args: list[str]
+) -> None:
     # A shell starts background jobs with SIGINT ignored, and Python keeps an ignored
     # SIGINT ignored; restore Python's handler so `serve run` sees KeyboardInterrupt and
     # turns SIGINT into a clean stop.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     # Imported only now: Ray reads some of the variables above when it is imported.
     import ray
+    from ray import serve
     from ray.serve.scripts import cli as serve_cli
 
     address = os.environ["RAY_ADDRESS"]
@@ -209,17 +271,45 @@ def main(argv: list[str]) -> None:
     # "serve": the namespace `serve run` itself would have joined.
     ray.init(address=address, namespace="serve", **(port if address == "local" else {}))
     quiet_shutdown_noise()
-    announce_when_ready(
-        yaml.safe_load(Path(args.config).read_text()) or {},
-        _apps_running,
-        lambda line: print(line, flush=True),
+    config = yaml.safe_load(Path(args.config).read_text()) or {}
+    # Only a Ray of our own has no autoscaler that could add what is missing.
+    if address == "local" and not args.no_placement_check:
+        problem = placement_problem(config, ray.cluster_resources())
+        if problem is not None:
+            parser.exit(EXIT_UNPLACEABLE, f"{parser.prog}: error: {problem}\n")
+    watch = PlacementWatch(
+        config,
+        status=serve.status,
+        cluster=ray.cluster_resources,
+        say=lambda text: print(text, file=sys.stderr, flush=True),
+        # Ctrl-C's path: `serve run` shuts Serve down, then exits.
+        give_up=lambda: os.kill(os.getpid(), signal.SIGINT),
+        timeout_s=args.placement_timeout_s,
     )
+    watch.start()
+    announce_when_ready(config, _apps_running, lambda line: print(line, flush=True))
     # `serve run` compares its --address (by default RAY_ADDRESS, "local" here) with the
     # Ray it finds initialised and, as they differ in spelling, warned that "an address was
     # passed to `serve run`" and a different one connected; naming the Ray we started
     # is the truth and silences that. An --address among serve_args still comes last.
     gcs = ray.get_runtime_context().gcs_address
-    serve_cli.main(["run", "--address", gcs, args.config, *serve_args], prog_name="serve")
+    try:
+        serve_cli.main(["run", "--address", gcs, args.config, *serve_args], prog_name="serve")
+    except (SystemExit, KeyboardInterrupt):
+        if watch.gave_up.is_set():
+            # After `serve run`'s "Got KeyboardInterrupt": the interrupt was ours.
+            parser.exit(
+                EXIT_UNPLACEABLE,
+                f"{parser.prog}: error: stopped: Serve could not place every replica "
+                "(above: why, and what the config asks)\n",
+            )
+        raise
+
+
+def _shutdown_ray() -> None:
+    import ray
+
+    ray.shutdown()
 
 
 def _apps_running() -> bool:

@@ -1,8 +1,10 @@
 """HAProxy in front of the real app: Serve starts it through Tributary's wrapper, so the
-config it runs has the JSON error files, and malformed HTTP is a 400, never a 5xx."""
+config it runs has the JSON error files, and malformed HTTP is a 400, never a 5xx; its files
+are in a directory of this user and this instance, not in Serve's shared /tmp/haproxy-serve."""
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
@@ -34,6 +36,19 @@ def test_serves_haproxy_runs_the_patched_config_without_splicing(server: Server)
         text = config.read_text()
         assert f"errorfile 503 {ERRORS / '503.http'}" in text
         assert f"errorfile 400 {ERRORS / '400.http'}" in text
+
+
+def test_haproxys_files_are_the_instances_own(server: Server) -> None:
+    (argv, *_) = haproxy_commands(server)
+    config = Path(argv[argv.index("-f") + 1])
+    # <user dir>/<instance>/<node id>/haproxy.tributary.cfg (deployments/launch_paths.py)
+    instance, user_dir = config.parents[1], config.parents[2]
+    assert user_dir.name == f"tributary-{os.geteuid()}", config
+    for directory in (instance, user_dir):
+        assert directory.stat().st_mode & 0o777 == 0o700
+        assert directory.stat().st_uid == os.geteuid()
+    for other in haproxy_commands(server):
+        assert Path(other[other.index("-f") + 1]).is_relative_to(instance)
 
 
 def test_a_garbage_request_line_is_a_400_and_a_close(server: Server) -> None:

@@ -89,6 +89,16 @@ def test_the_wrapper_turns_splicing_off() -> None:
     assert arguments == ["-dS", "-db", "-sf", "12"]
 
 
+def test_a_config_it_cannot_patch_in_place_is_copied_into_the_instances_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """E.g. `-f /dev/stdin`: the copy goes where the launcher's instance keeps its files
+    (deployments/launch_paths.py), so a clean stop removes it, not into the shared /tmp."""
+    monkeypatch.setenv("TRIBUTARY_INSTANCE_DIR", str(tmp_path))
+    copied = front_door.patched_path("/dev/stdin")
+    assert copied.parent == tmp_path and copied.name.startswith("haproxy-tributary-")
+
+
 SERVE_BACKPRESSURE = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
     b"content-length: 35\r\nretry-after: 1\r\n\r\nRequest dropped due to backpressure"

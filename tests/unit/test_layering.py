@@ -33,6 +33,10 @@ RANKS: dict[str, tuple[int, str]] = {
     "deployments.http": (4, "http"),
     # What the launcher prints: below it, imports nothing of ours.
     "deployments.launch_output": (4, "launch-output"),
+    # The launcher's helpers below it: its instance's files (nothing of ours) and what the
+    # config asks of the machine (reads the config).
+    "deployments.launch_paths": (4, "launch-paths"),
+    "deployments.launch_placement": (4, "launch-placement"),
 }
 TOP = 5
 
