@@ -146,13 +146,15 @@ def route_not_found(app: FastAPI, method: str, path: str) -> RouteNotFound:
 
 def route_list(app: FastAPI) -> str:
     """`POST /v1/embeddings, GET /v1/models, ...` in the app's order. HEAD is left out (it
-    mirrors GET) and so are templated paths (the documentation assets)."""
+    mirrors GET) and so are the templated paths outside the API (the documentation
+    assets); /v1/files/{file_id} and the like are in."""
     seen: list[str] = []
     for route in app.routes:
         path = getattr(route, "path", "")
         methods = getattr(route, "methods", None) or ()
+        hidden = "{" in path and not getattr(route, "include_in_schema", False)
         for method in sorted(set(methods) - {"HEAD"}):
             entry = f"{method} {path}"
-            if "{" not in path and entry not in seen:
+            if not hidden and entry not in seen:
                 seen.append(entry)
     return ", ".join(seen)
