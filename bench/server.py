@@ -71,6 +71,7 @@ def running_server(
     process it started outlives that. Ray's metrics go to `metrics_port` (a restart test
     reuses one), else to a free port."""
     config = {**config, "http_options": {**config.get("http_options", {}), "port": free_port()}}
+    config = with_batch_store(config, workdir / "batches")
     if metrics_port is None:
         metrics_port = free_port()  # never 8080: a `make serve` may be running beside us
     config_path = workdir / "serve_config.yaml"
@@ -99,6 +100,19 @@ def running_server(
         leftovers = stop_like_ctrl_c(process)
     if leftovers:
         raise RuntimeError(f"processes outlived Ctrl-C: {sorted(leftovers)}")
+
+
+def with_batch_store(config: dict, path: Path) -> dict:
+    """The config with its Batch API store under `path` where it names none, so a test's or
+    a benchmark's server never shares the user's default store with another server."""
+    apps = []
+    for app in config.get("applications", []):
+        args = app.get("args", {})
+        batches = args.get("batches", {})
+        if app.get("import_path") == "deployments.app:build_app" and not batches.get("path"):
+            args = {**args, "batches": {**batches, "path": str(path)}}
+        apps.append({**app, "args": args})
+    return {**config, "applications": apps}
 
 
 def deploy(server: Server, config: dict, path: Path, timeout_s: float = 120) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from typing import IO, Any
@@ -192,6 +193,7 @@ class BatchService:
         """What this replica's dispatcher is doing, for /v1/stats and /status."""
         d = self._dispatcher
         return {
+            "pid": os.getpid(),  # the process that dispatches (tests kill it)
             "running": None if d is None else d.running,
             "lines_waiting": 0 if d is None else d.waiting,
         }
