@@ -95,6 +95,6 @@ def install_batch_routes(app: FastAPI, service: BatchService) -> None:
         return json_response(await service.cancel(tenant, batch_id))
 
 
-def batch_summary(request: Request) -> dict[str, Any] | None:
+async def batch_summary(request: Request) -> dict[str, Any] | None:
     service: BatchService | None = getattr(request.app.state, "batches", None)
-    return None if service is None else service.summary()
+    return None if service is None else await service.summary()

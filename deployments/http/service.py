@@ -42,7 +42,7 @@ def install_service_routes(app: FastAPI) -> None:
     @app.get("/v1/stats")
     async def stats(request: Request) -> Response:
         stats = await ingress_of(request).stats()
-        batches = batch_summary(request)
+        batches = await batch_summary(request)
         return json_response(stats if batches is None else {**stats, "batches": batches})
 
     status_page = resources.files("deployments").joinpath("static/status.html").read_bytes()

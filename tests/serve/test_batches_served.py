@@ -7,7 +7,10 @@ from __future__ import annotations
 import io
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -208,7 +211,7 @@ def test_a_batch_survives_the_death_of_its_dispatcher(
         assert time.monotonic() < deadline, "the batch did not start"
         time.sleep(0.05)
     stats = httpx.get(f"{server.url}/v1/stats", timeout=10).json()["batches"]
-    assert stats["running"] == batch.id
+    assert stats["running"]["id"] == batch.id
     pid = stats["pid"]
     assert pid in descendants(server.process.pid)  # ours to kill
     os.kill(pid, signal.SIGKILL)
@@ -218,3 +221,22 @@ def test_a_batch_survives_the_death_of_its_dispatcher(
     assert len(ids) == lines and sorted(ids) == sorted(f"durable-{i}" for i in range(lines))
     assert done.request_counts.completed == lines
     wait_until_healthy(server, 60)
+
+
+def test_the_cli_submits_follows_and_downloads(server: Server, tmp_path: Path) -> None:
+    source = tmp_path / "cli.jsonl"
+    source.write_bytes(jsonl(embedding_lines(10, "cli")).getvalue())
+    cli = [sys.executable, "-m", "deployments.batch_cli", "--url", server.url]
+    ran = subprocess.run(
+        [*cli, "submit", str(source), "--endpoint", "/v1/embeddings", "--poll", "0.2"],
+        env={**os.environ, "TRIBUTARY_API_KEY": ADMIN_KEY},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "10/10 lines" in ran.stderr and "completed" in ran.stdout
+    output = (tmp_path / "cli.output.jsonl").read_bytes().splitlines()
+    assert sorted(orjson.loads(x)["custom_id"] for x in output) == sorted(
+        f"cli-{i}" for i in range(10)
+    )

@@ -8,6 +8,7 @@ import io
 import orjson
 import pytest
 
+from deployments.batch_cli import progress_line
 from deployments.config import BatchesConfig
 from deployments.core.batch_lines import (
     BatchLine,
@@ -86,3 +87,10 @@ def test_the_upload_counts_lines_and_refuses_a_long_one() -> None:
     with pytest.raises(PayloadTooLarge) as raised:
         copy_lines(io.BytesIO(b"a\n" + b"x" * 300 + b"\n"), io.BytesIO(), config)
     assert raised.value.code == "line_too_large" and "line 2" in raised.value.message
+
+
+def test_the_cli_progress_line() -> None:
+    batch = {"status": "in_progress", "request_counts": {"total": 10, "completed": 4, "failed": 1}}
+    line = progress_line(batch, started=0.0, now=5.0)
+    assert line.startswith("[" + "#" * 15 + "." * 15 + "] 5/10 lines (1 failed)")
+    assert line.endswith("in_progress  1 lines/s")

@@ -189,12 +189,25 @@ class BatchService:
             return (await self.batch(tenant, batch_id)).to_openai()  # it moved on meanwhile
         return record.to_openai()
 
-    def summary(self) -> dict[str, Any]:
+    async def summary(self) -> dict[str, Any]:
         """What this replica's dispatcher is doing, for /v1/stats and /status."""
         d = self._dispatcher
+        running = None
+        if d is not None and d.running is not None:
+            record = await self.store.get_batch(d.running)
+            if record is not None:
+                counts = {"total": record.total, "completed": record.completed}
+                running = {
+                    "id": record.id,
+                    "endpoint": record.endpoint,
+                    "status": record.status,
+                    **counts,
+                    "failed": record.failed,
+                    "created_at": record.created_at,
+                }
         return {
             "pid": os.getpid(),  # the process that dispatches (tests kill it)
-            "running": None if d is None else d.running,
+            "running": running,
             "lines_waiting": 0 if d is None else d.waiting,
         }
 
