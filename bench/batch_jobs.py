@@ -1,11 +1,13 @@
 """The Batch API on a running server: an N-text embedding batch's texts/s, and optionally
 realtime single-text latency alone and while a batch runs (issue 29's measure).
 
-    python -m bench.batch_jobs --url http://127.0.0.1:8000 --texts 100000 --realtime
+    python -m bench.batch_jobs --url http://127.0.0.1:8000 --texts 100000 \
+        --baseline-seconds 30 --realtime
 
 Start the server first (`make serve`). A batch of one text per line goes through the
 server's own pacing: texts/s is the whole batch, from its creation until it completed,
-the upload excluded. With --realtime, a closed loop of single-text realtime requests runs
+the upload excluded; --baseline-seconds first measures the served 8 clients x 32 texts
+throughput it is compared with. With --realtime, a closed loop of single-text realtime requests runs
 first alone, then while a second batch of the same size runs; their p99 is compared (the
 batch must outlast the window: `batch_status_after` says whether it did; the second batch
 is cancelled afterwards).
@@ -93,6 +95,27 @@ def realtime_loop(
     )
 
 
+def served_baseline(url: str, key: str | None, model: str, seconds: float) -> float:
+    """Texts/s of 8 closed-loop clients sending 32 texts a request: the issue's yardstick."""
+    target = urlparse(url)
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    bodies = embedding_bodies(sentences(4096, seed=11), 32, model, 128)
+    result = asyncio.run(
+        run_closed_loop(
+            target.hostname or "127.0.0.1",
+            target.port or 80,
+            "/v1/embeddings",
+            bodies,
+            32,
+            8,
+            seconds,
+            progress=False,
+            headers=headers,
+        )
+    )
+    return result.texts_per_s
+
+
 def run_batch(client: BatchClient, path: Path, texts: int) -> dict[str, Any]:
     started = time.monotonic()
     batch_id = start_batch(client, path)
@@ -118,6 +141,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="all-MiniLM-L6-v2")
     parser.add_argument("--texts", type=int, default=100_000)
     parser.add_argument("--texts-per-line", type=int, default=1)
+    parser.add_argument(
+        "--baseline-seconds",
+        type=float,
+        default=0.0,
+        help="first measure served 8 clients x 32 texts for this long (0: not)",
+    )
     parser.add_argument("--realtime", action="store_true", help="also realtime p99 alone/during")
     parser.add_argument("--realtime-seconds", type=float, default=20.0)
     parser.add_argument("--realtime-clients", type=int, default=1)
@@ -133,7 +162,12 @@ def main(argv: list[str] | None = None) -> None:
                 args.url, args.key, args.model, args.realtime_seconds, args.realtime_clients
             )
             report["realtime_alone"] = _latency(alone)
+        if args.baseline_seconds > 0:
+            baseline = served_baseline(args.url, args.key, args.model, args.baseline_seconds)
+            report["served_8x32_texts_per_s"] = round(baseline, 1)
         report["batch"] = run_batch(client, path, args.texts)
+        if args.baseline_seconds > 0 and report["batch"]["texts_per_s"]:
+            report["batch_vs_served"] = round(report["batch"]["texts_per_s"] / baseline, 2)
         if args.realtime:
             during_id = start_batch(client, path)
             wait_started(client, during_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -20,7 +21,7 @@ class FakeRunner:
         self.refuse = 0  # the next this-many lines get a 429
         self.gate = asyncio.Event()
         self.gate.set()
-        self.busy = False
+        self.busy: str = "idle"  # what others() says
         self.in_flight = 0
         self.most_in_flight = 0
 
@@ -38,7 +39,7 @@ class FakeRunner:
         text = orjson.loads(body)["input"]
         return LineAnswer(200, orjson.dumps({"echo": text}))
 
-    def others_waiting(self, endpoint: str) -> bool:
+    def others(self, endpoint: str) -> Any:
         return self.busy
 
 

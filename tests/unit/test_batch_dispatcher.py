@@ -109,12 +109,12 @@ async def test_refusals_shrink_the_window_and_lines_are_sent_again(store: Sqlite
 
 async def test_no_line_starts_while_higher_classes_wait(store: SqliteStore) -> None:
     runner = FakeRunner()
-    runner.busy = True
+    runner.busy = "queued"
     await new_batch(store, input_file(5), 5)
     task = asyncio.create_task(Dispatcher(store, runner, config()).run_once())
     await asyncio.sleep(0.2)
     assert runner.sent == []
-    runner.busy = False
+    runner.busy = "idle"
     await asyncio.wait_for(task, 2)
     assert len(runner.sent) == 5
 

@@ -69,15 +69,22 @@ def test_answer_lines_have_openai_shape() -> None:
 
 def test_the_pace_halves_on_refusal_and_grows_back() -> None:
     pace = Pace(8)
-    assert pace.may_start(7, 0.0, others_waiting=False)
-    assert not pace.may_start(8, 0.0, others_waiting=False)
-    assert not pace.may_start(0, 0.0, others_waiting=True)
+    assert pace.may_start(7, 0.0, "idle")
+    assert not pace.may_start(8, 0.0, "idle")
+    assert not pace.may_start(0, 0.0, "queued")
     pace.refused(0.0, 1.0)
-    assert pace.window == 4 and not pace.may_start(0, 0.5, others_waiting=False)
-    assert pace.may_start(3, 1.0, others_waiting=False)
+    assert pace.window == 4 and not pace.may_start(0, 0.5, "idle")
+    assert pace.may_start(3, 1.0, "idle")
     for _ in range(4):
         pace.succeeded()
     assert pace.window == 5
+
+
+def test_beside_running_higher_classes_a_small_share_runs_a_while() -> None:
+    pace = Pace(64)
+    assert pace.may_start(7, 0.0, "active") and not pace.may_start(8, 0.0, "active")
+    assert not pace.may_start(8, 0.4, "idle")  # the share holds a moment after
+    assert pace.may_start(8, 0.6, "idle")
 
 
 def test_the_upload_counts_lines_and_refuses_a_long_one() -> None:

@@ -30,7 +30,7 @@ from deployments.core.batch_lines import (
     read_lines,
     request_lines,
 )
-from deployments.core.batch_pacing import Pace
+from deployments.core.batch_pacing import Others, Pace
 from deployments.core.batch_records import (
     CANCELLED,
     CANCELLING,
@@ -64,8 +64,9 @@ class LineRunner(Protocol):
         """One line as a batch-class request of `tenant`; every failure is an answer."""
         ...
 
-    def others_waiting(self, endpoint: str) -> bool:
-        """Whether realtime or normal work waits for the endpoint's models."""
+    def others(self, endpoint: str) -> Others:
+        """Whether realtime or normal work waits for (queued) or runs on (active) the
+        endpoint's models."""
         ...
 
 
@@ -193,8 +194,8 @@ class BatchRun:
                     self.stop = EXPIRED
                     break
                 now = time.monotonic()
-                busy = self.d.runner.others_waiting(record.endpoint)
-                while pending and pace.may_start(len(in_flight), now, busy):
+                others = self.d.runner.others(record.endpoint)
+                while pending and pace.may_start(len(in_flight), now, others):
                     line = pending.popleft()
                     in_flight.add(asyncio.create_task(self._send(line, pace, pending)))
                 if in_flight:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from deployments.core.access import Tenant
+from deployments.core.batch_pacing import Others
 from deployments.core.priority import Priority
 from deployments.errors import InternalError, TributaryError, Unauthorized
 from deployments.ingress.batches.dispatcher import LineAnswer
@@ -63,11 +64,16 @@ class IngressLines:
             raise Unauthorized(f"The batch's tenant {name!r} is no longer configured.")
         return tenant
 
-    def others_waiting(self, endpoint: str) -> bool:
+    def others(self, endpoint: str) -> Others:
         _, task = ENDPOINTS[endpoint]
+        seen: Others = "idle"
         for _, version in self.ingress.catalog.versions_of_task(task):
-            if version.client is not None:
-                queued = version.client.queues.queued_items()
-                if queued[Priority.REALTIME] or queued[Priority.NORMAL]:
-                    return True
-        return False
+            if version.client is None:
+                continue  # generation: its replica's slots order the classes
+            for priority in (Priority.REALTIME, Priority.NORMAL):
+                queued, running = version.client.queues.load(priority)
+                if queued:
+                    return "queued"
+                if running:
+                    seen = "active"
+        return seen
