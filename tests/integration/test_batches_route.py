@@ -215,3 +215,75 @@ async def test_limits_answer_clear_errors(tmp_path: Path) -> None:
         served.harness.embedder.gate.set()
     finally:
         await served.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs", "status"),
+    [
+        ("POST", "/v1/files", {"content": b"not multipart"}, 400),
+        ("POST", "/v1/files", {"files": {"file": ("a.jsonl", b"{}")}}, 400),  # no purpose
+        ("POST", "/v1/files", {"data": {"purpose": "batch"}, "files": {"x": ("a", b"")}}, 400),
+        (
+            "POST",
+            "/v1/files",
+            {"data": {"purpose": "fine-tune"}, "files": {"file": ("a.jsonl", b"{}")}},
+            400,
+        ),
+        (
+            "POST",
+            "/v1/files",
+            {
+                "content": b'--b\r\nContent-Disposition: form-data; name="file"\r\n\r\nunfinished',
+                "headers": {"Content-Type": "multipart/form-data; boundary=b"},
+            },
+            400,
+        ),
+        ("POST", "/v1/batches", {"content": b"[]"}, 400),
+        ("POST", "/v1/batches", {"json": {"input_file_id": "file-x"}}, 400),
+        (
+            "POST",
+            "/v1/batches",
+            {
+                "json": {
+                    "input_file_id": "file-x",
+                    "endpoint": "/v1/moderations",
+                    "completion_window": "24h",
+                }
+            },
+            400,
+        ),
+        (
+            "POST",
+            "/v1/batches",
+            {
+                "json": {
+                    "input_file_id": "file-nope",
+                    "endpoint": "/v1/embeddings",
+                    "completion_window": "24h",
+                }
+            },
+            404,
+        ),
+        ("GET", "/v1/batches?limit=0", {}, 400),
+        ("GET", "/v1/batches?limit=abc", {}, 400),
+        ("GET", "/v1/batches?after=batch_nope", {}, 200),
+        ("GET", "/v1/files/..%2F..%2Fetc%2Fpasswd/content", {}, 404),
+        ("GET", "/v1/batches/" + "x" * 5000, {}, 404),
+        ("POST", "/v1/batches/batch_nope/cancel", {}, 404),
+    ],
+)
+async def test_bad_requests_answer_4xx_in_the_error_shape(
+    served: Served, method: str, path: str, kwargs: dict, status: int
+) -> None:
+    async with httpx.AsyncClient(transport=served.transport, base_url="http://ingress") as http:
+        headers = {"Authorization": f"Bearer {KEY_A}", **kwargs.pop("headers", {})}
+        response = await http.request(method, path, headers=headers, **kwargs)
+    assert response.status_code == status, response.text
+    if status >= 400:
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+async def test_without_a_key_the_batch_routes_answer_401(served: Served) -> None:
+    async with httpx.AsyncClient(transport=served.transport, base_url="http://ingress") as http:
+        for method, path in (("GET", "/v1/batches"), ("POST", "/v1/files"), ("GET", "/v1/files/x")):
+            assert (await http.request(method, path)).status_code == 401
