@@ -37,10 +37,12 @@ class BatchesConfig(StrictModel):
         16, ge=1, description="Batches of one tenant not yet finished (429 above it)."
     )
     max_in_flight_lines: int = Field(
-        64,
+        512,
         ge=1,
-        description="Most lines one dispatcher has waiting or running at once; it keeps "
-        "fewer while the batch class is refused (429/503) or higher classes are queued.",
+        description="Most lines one dispatcher has waiting or running at once, and never more "
+        "than the batch class admits (ingress.admission.batch); fewer while lines are refused "
+        "(429/503), a few while realtime or normal work runs, none while it is queued. Enough "
+        "to keep the model's batch-class passes full.",
     )
     lease_s: float = Field(
         15,

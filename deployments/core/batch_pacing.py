@@ -4,8 +4,8 @@ The job fills capacity nobody else wants. It starts at the ceiling the batch cla
 halves the moment the server refuses a line (429/503) and waits as told, and grows back by
 one line per window of successes. Higher classes come first: while realtime or normal work
 is queued for the model no line starts, and while such work is merely running (and for a
-moment after), at most a small share of the ceiling is in flight, so the replica's batch-class
-passes stay short and a realtime request waits behind little. Pure: the dispatcher reads it,
+moment after), at most a few lines are in flight, so the replica's batch-class passes stay
+short and a realtime request waits behind little. Pure: the dispatcher reads it,
 tests drive it with their own clock.
 """
 
@@ -18,8 +18,9 @@ Others = Literal["idle", "active", "queued"]  # realtime/normal work for the sam
 # After higher-class work was last seen, how long the small share holds: a closed-loop
 # client has gaps between its requests that are no invitation to fill the model.
 ACTIVE_HOLD_S = 0.5
-# The share of the ceiling that may run beside higher-class work.
-SHARE_DIVISOR = 8
+# Lines that may run beside higher-class work: a pass of this many short texts costs a
+# realtime request about what one of its own passes does.
+BESIDE_OTHERS = 8
 
 
 class Pace:
@@ -37,7 +38,7 @@ class Pace:
             self._shared_until = now + ACTIVE_HOLD_S
         limit = self.window
         if now < self._shared_until:
-            limit = min(limit, max(1, self.ceiling // SHARE_DIVISOR))
+            limit = min(limit, BESIDE_OTHERS)
         return in_flight < limit
 
     def refused(self, now: float, retry_after_s: float) -> None:

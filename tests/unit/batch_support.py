@@ -39,6 +39,9 @@ class FakeRunner:
         text = orjson.loads(body)["input"]
         return LineAnswer(200, orjson.dumps({"echo": text}))
 
+    def admitted_lines(self) -> int:
+        return 10**6
+
     def others(self, endpoint: str) -> Any:
         return self.busy
 

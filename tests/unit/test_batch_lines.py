@@ -80,8 +80,8 @@ def test_the_pace_halves_on_refusal_and_grows_back() -> None:
     assert pace.window == 5
 
 
-def test_beside_running_higher_classes_a_small_share_runs_a_while() -> None:
-    pace = Pace(64)
+def test_beside_running_higher_classes_a_few_lines_run_a_while() -> None:
+    pace = Pace(512)
     assert pace.may_start(7, 0.0, "active") and not pace.may_start(8, 0.0, "active")
     assert not pace.may_start(8, 0.4, "idle")  # the share holds a moment after
     assert pace.may_start(8, 0.6, "idle")

@@ -64,6 +64,11 @@ class LineRunner(Protocol):
         """One line as a batch-class request of `tenant`; every failure is an answer."""
         ...
 
+    def admitted_lines(self) -> int:
+        """The most batch-class requests the server admits at once: more in flight would
+        only be refused."""
+        ...
+
     def others(self, endpoint: str) -> Others:
         """Whether realtime or normal work waits for (queued) or runs on (active) the
         endpoint's models."""
@@ -184,8 +189,16 @@ class BatchRun:
                 await self._record(line.number, False, text)
             else:
                 pending.append(line)
-        pace = Pace(self.d.config.max_in_flight_lines)
+        pace = Pace(min(self.d.config.max_in_flight_lines, self.d.runner.admitted_lines()))
         in_flight: set[asyncio.Task[None]] = set()
+        # Woken by each line that ends: waiting on every task at once (asyncio.wait) costs a
+        # callback per task per wake-up, which with hundreds in flight ate the ingress's CPU.
+        wake = asyncio.Event()
+
+        def ended(task: asyncio.Task[None]) -> None:
+            in_flight.discard(task)
+            wake.set()
+
         try:
             while (pending or in_flight) and self.stop is None:
                 self.d.waiting = len(pending) + len(in_flight)
@@ -196,18 +209,16 @@ class BatchRun:
                 now = time.monotonic()
                 others = self.d.runner.others(record.endpoint)
                 while pending and pace.may_start(len(in_flight), now, others):
-                    line = pending.popleft()
-                    in_flight.add(asyncio.create_task(self._send(line, pace, pending)))
-                if in_flight:
-                    _, in_flight = await asyncio.wait(
-                        in_flight, timeout=0.05, return_when=asyncio.FIRST_COMPLETED
-                    )
-                else:
-                    await asyncio.sleep(0.05)
+                    task = asyncio.create_task(self._send(pending.popleft(), pace, pending))
+                    in_flight.add(task)
+                    task.add_done_callback(ended)
+                wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), 0.05)
             if self.stop != "lost" and in_flight:
                 await asyncio.wait(in_flight)  # their answers are kept, not thrown away
         finally:
-            for task in in_flight:
+            for task in list(in_flight):
                 task.cancel()
             self.d.metrics.batch_lines_waiting(0)
 

@@ -64,6 +64,11 @@ class IngressLines:
             raise Unauthorized(f"The batch's tenant {name!r} is no longer configured.")
         return tenant
 
+    def admitted_lines(self) -> int:
+        # A line is at least one item; the batch class's bounds are in items.
+        batch = self.ingress.config.ingress.admission.batch
+        return min(batch.max_queued_items, batch.shed_above_queued_items or batch.max_queued_items)
+
     def others(self, endpoint: str) -> Others:
         _, task = ENDPOINTS[endpoint]
         seen: Others = "idle"

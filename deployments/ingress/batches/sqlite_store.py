@@ -40,6 +40,8 @@ class SqliteStore:
             root / "batches.sqlite3", check_same_thread=False, isolation_level=None, timeout=30
         )
         self._lock = threading.Lock()
+        self._waiting: list[tuple[str, int, bool, bytes, asyncio.Future[bool]]] = []
+        self._writer: asyncio.Task[None] | None = None
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
@@ -156,13 +158,46 @@ class SqliteStore:
         )
 
     async def record(self, batch_id: str, number: int, ok: bool, line: bytes) -> bool:
-        cursor = await self._run(
-            lambda db: db.execute(
-                "INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?)",
-                (batch_id, number, int(ok), line),
-            )
-        )
-        return cursor.rowcount > 0
+        # Group commit: the answers that arrive while one transaction is being written go
+        # in the next one, so many lines in flight cost one commit, not one each. A line's
+        # call returns only once its transaction is committed.
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiting.append((batch_id, number, ok, line, done))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_waiting())
+        return await done
+
+    async def _write_waiting(self) -> None:
+        while self._waiting:
+            group, self._waiting = self._waiting, []
+
+            def write(db: sqlite3.Connection) -> list[bool]:
+                db.execute("BEGIN")
+                try:
+                    kept = [
+                        db.execute(
+                            "INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?)",
+                            (batch_id, number, int(ok), line),
+                        ).rowcount
+                        > 0
+                        for batch_id, number, ok, line, _ in group  # noqa: B023
+                    ]
+                    db.execute("COMMIT")
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+                return kept
+
+            try:
+                kept = await self._run(write)
+            except Exception as exc:
+                for *_, done in group:
+                    if not done.done():
+                        done.set_exception(exc)
+                continue
+            for (*_, done), new in zip(group, kept, strict=True):
+                if not done.done():
+                    done.set_result(new)
 
     async def answered(self, batch_id: str) -> set[int]:
         rows = await self._run(
