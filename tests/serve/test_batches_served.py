@@ -199,7 +199,7 @@ def test_another_tenant_gets_404(client: openai.OpenAI, server: Server) -> None:
 def test_a_batch_survives_the_death_of_its_dispatcher(
     client: openai.OpenAI, server: Server
 ) -> None:
-    lines = 400
+    lines = 1000
     upload = client.files.create(
         file=("durable.jsonl", jsonl(embedding_lines(lines, "durable"))), purpose="batch"
     )
@@ -215,6 +215,7 @@ def test_a_batch_survives_the_death_of_its_dispatcher(
     pid = stats["pid"]
     assert pid in descendants(server.process.pid)  # ours to kill
     os.kill(pid, signal.SIGKILL)
+    assert stats["running"]["completed"] < lines, "the batch ended before the kill"
     done = wait_for(client, batch.id, timeout_s=120 + BATCH_LEASE_S)
     assert done.status == "completed"
     ids = [line["custom_id"] for line in answered(client, done)]
