@@ -155,3 +155,29 @@ async def test_a_missing_input_file_fails_the_batch(store: SqliteStore) -> None:
     done = await store.get_batch("batch_1")
     assert done is not None and done.status == "failed"
     assert done.errors and done.errors[0]["code"] == "input_file_missing"
+
+
+async def test_a_store_that_fails_a_write_stops_the_turn_and_the_next_goes_on(
+    store: SqliteStore,
+) -> None:
+    await new_batch(store, input_file(10), 10)
+    dying = DyingStore(store)
+    runner = FakeRunner()
+    calls = 0
+    original = store.record
+
+    async def flaky(*args: object) -> bool:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("disk full")
+        return await original(*args)  # type: ignore[arg-type]
+
+    dying.record = flaky  # type: ignore[method-assign]
+    assert await Dispatcher(dying, runner, config()).run_once()  # type: ignore[arg-type]
+    unfinished = await store.get_batch("batch_1")
+    assert unfinished is not None and unfinished.status == "in_progress"
+    assert await Dispatcher(store, FakeRunner(), config()).run_once()
+    done = await store.get_batch("batch_1")
+    assert done is not None and done.status == "completed"
+    assert sorted(output_ids(store, done.output_file_id)) == sorted(f"c{i}" for i in range(10))

@@ -124,7 +124,7 @@ class BatchRun:
     def __init__(self, dispatcher: Dispatcher, record: BatchRecord) -> None:
         self.d = dispatcher
         self.record = record
-        self.stop: str | None = None  # cancelling / expired / lost
+        self.stop: str | None = None  # cancelling / expired / lost / error
 
     async def run(self) -> None:
         # The heartbeat spans the whole turn: finalizing a large batch takes a while.
@@ -198,6 +198,10 @@ class BatchRun:
         def ended(task: asyncio.Task[None]) -> None:
             in_flight.discard(task)
             wake.set()
+            if not task.cancelled() and task.exception() is not None:
+                # The store refused an answer: stop here; the next claim runs what is left.
+                logger.error("batch %s: a line failed", record.id, exc_info=task.exception())
+                self.stop = self.stop or "error"
 
         try:
             while (pending or in_flight) and self.stop is None:
