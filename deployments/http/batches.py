@@ -10,7 +10,7 @@ from starlette.responses import FileResponse, Response
 
 from deployments.errors import InvalidRequest, PayloadTooLarge
 from deployments.http.common import ingress_of, json_response, read_body
-from deployments.http.openapi import error_responses
+from deployments.http.openapi import REF_TEMPLATE, error_responses
 from deployments.ingress.batches.schemas import parse_limit
 
 if TYPE_CHECKING:
@@ -19,6 +19,39 @@ if TYPE_CHECKING:
 
 # Room for the multipart envelope around the largest file.
 ENVELOPE_BYTES = 64 * 1024
+
+UPLOAD_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "purpose"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "purpose": {"type": "string", "enum": ["batch"]},
+                    },
+                }
+            }
+        },
+    }
+}
+BATCH_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {"$ref": REF_TEMPLATE.format(model="CreateBatchRequest")}
+            }
+        },
+    }
+}
+NOT_FOUND = "No such file or batch for this API key's tenant (another tenant's answers alike)."
+
+
+def _errors(extra: dict[int, str] | None = None) -> dict[int | str, dict[str, Any]]:
+    return error_responses({404: NOT_FOUND, **(extra or {})})
 
 
 def _caller(request: Request) -> tuple[BatchService, Tenant | None]:
@@ -37,7 +70,7 @@ def install_batch_routes(app: FastAPI, service: BatchService) -> None:
         f"{limits.max_line_bytes}."
     )
 
-    @app.post("/v1/files", responses=error_responses({413: too_large}))
+    @app.post("/v1/files", openapi_extra=UPLOAD_BODY, responses=_errors({413: too_large}))
     async def upload_file(request: Request) -> Response:
         service, tenant = _caller(request)
         declared = request.headers.get("content-length", "")
@@ -54,42 +87,45 @@ def install_batch_routes(app: FastAPI, service: BatchService) -> None:
             body = await service.upload(tenant, upload.filename or "", purpose, upload.file)
         return json_response(body)
 
-    @app.get("/v1/files/{file_id}", responses=error_responses({}))
+    @app.get("/v1/files/{file_id}", responses=_errors())
     async def get_file(request: Request, file_id: str) -> Response:
         service, tenant = _caller(request)
         return json_response((await service.file(tenant, file_id)).to_openai())
 
-    @app.get("/v1/files/{file_id}/content", responses=error_responses({}))
+    @app.get("/v1/files/{file_id}/content", responses=_errors())
     async def file_content(request: Request, file_id: str) -> Response:
         service, tenant = _caller(request)
         record = await service.file(tenant, file_id)
         path = service.store.files.path(record.id)
         return FileResponse(path, media_type="application/jsonl", filename=record.filename)
 
-    @app.delete("/v1/files/{file_id}", responses=error_responses({}))
+    @app.delete("/v1/files/{file_id}", responses=_errors())
     async def delete_file(request: Request, file_id: str) -> Response:
         service, tenant = _caller(request)
         return json_response(await service.delete_file(tenant, file_id))
 
-    @app.post("/v1/batches", responses=error_responses({}))
+    @app.post("/v1/batches", openapi_extra=BATCH_BODY, responses=_errors())
     async def create_batch(request: Request) -> Response:
         service, tenant = _caller(request)
         body = await read_body(request, ingress_of(request).max_body_bytes)
         return json_response(await service.create(tenant, body))
 
-    @app.get("/v1/batches", responses=error_responses({}))
+    @app.get("/v1/batches", responses=_errors())
     async def list_batches(request: Request) -> Response:
         service, tenant = _caller(request)
         after = request.query_params.get("after")
         limit = parse_limit(request.query_params.get("limit"))
         return json_response(await service.list(tenant, after, limit))
 
-    @app.get("/v1/batches/{batch_id}", responses=error_responses({}))
+    @app.get("/v1/batches/{batch_id}", responses=_errors())
     async def get_batch(request: Request, batch_id: str) -> Response:
         service, tenant = _caller(request)
         return json_response((await service.batch(tenant, batch_id)).to_openai())
 
-    @app.post("/v1/batches/{batch_id}/cancel", responses=error_responses({}))
+    @app.post(
+        "/v1/batches/{batch_id}/cancel",
+        responses=_errors({409: "The batch has finished: there is nothing to cancel."}),
+    )
     async def cancel_batch(request: Request, batch_id: str) -> Response:
         service, tenant = _caller(request)
         return json_response(await service.cancel(tenant, batch_id))

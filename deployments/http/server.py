@@ -33,6 +33,7 @@ from deployments.http.openapi import install_openapi
 from deployments.http.rerank import install_rerank_routes
 from deployments.http.service import install_service_routes
 from deployments.ingress.batches.line_runner import IngressLines
+from deployments.ingress.batches.schemas import CreateBatchRequest
 from deployments.ingress.batches.service import BatchService
 from deployments.ingress.batches.stores import build_store
 from deployments.ingress.generation_schemas import ChatCompletionRequest, CompletionRequest
@@ -49,6 +50,7 @@ REQUEST_MODELS = (
     TeiRerankRequest,
     ChatCompletionRequest,
     CompletionRequest,
+    CreateBatchRequest,
 )
 
 
