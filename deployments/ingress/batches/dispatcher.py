@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from deployments.config import BatchesConfig
-from deployments.core.batch_lines import (
+from deployments.core.batch_job_lines import (
     BatchLine,
     LineFailure,
     answered_line,
@@ -30,8 +30,8 @@ from deployments.core.batch_lines import (
     read_lines,
     request_lines,
 )
-from deployments.core.batch_pacing import Others, Pace
-from deployments.core.batch_records import (
+from deployments.core.batch_job_pacing import Others, Pace
+from deployments.core.batch_job_records import (
     CANCELLED,
     CANCELLING,
     COMPLETED,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from deployments.core.access import Tenant
-from deployments.core.batch_pacing import Others
+from deployments.core.batch_job_pacing import Others
 from deployments.core.priority import Priority
 from deployments.errors import InternalError, TributaryError, Unauthorized
 from deployments.ingress.batches.dispatcher import LineAnswer

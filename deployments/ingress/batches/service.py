@@ -12,7 +12,7 @@ from typing import IO, Any
 
 from deployments.config import BatchesConfig
 from deployments.core.access import Tenant
-from deployments.core.batch_records import (
+from deployments.core.batch_job_records import (
     CANCELLING,
     IN_PROGRESS,
     VALIDATING,
