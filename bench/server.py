@@ -90,6 +90,7 @@ def launch(
     """Starts `python -m deployments.launch` on `config` with a free HTTP port, without
     waiting; its output goes to workdir/serve.log."""
     config = {**config, "http_options": {**config.get("http_options", {}), "port": free_port()}}
+    config = with_batch_store(config, workdir / "batches")
     if metrics_port is None:
         metrics_port = free_port()  # never 8080: a `make serve` may be running beside us
     config_path = workdir / "serve_config.yaml"
@@ -112,6 +113,19 @@ def launch(
             env={**os.environ, **(environment or {})},
         )
     return Server(config["http_options"]["port"], process, log, config_path, metrics_port)
+
+
+def with_batch_store(config: dict, path: Path) -> dict:
+    """The config with its Batch API store under `path` where it names none, so a test's or
+    a benchmark's server never shares the user's default store with another server."""
+    apps = []
+    for app in config.get("applications", []):
+        args = app.get("args", {})
+        batches = args.get("batches", {})
+        if app.get("import_path") == "deployments.app:build_app" and not batches.get("path"):
+            args = {**args, "batches": {**batches, "path": str(path)}}
+        apps.append({**app, "args": args})
+    return {**config, "applications": apps}
 
 
 def deploy(server: Server, config: dict, path: Path, timeout_s: float = 120) -> None:

@@ -16,6 +16,7 @@ from pydantic import Field, model_validator
 from deployments.config_base import BatchSettings as BatchSettings
 from deployments.config_base import ModelBatching as ModelBatching
 from deployments.config_base import ModelDeploymentConfig as ModelDeploymentConfig
+from deployments.config_batches import BatchesConfig as BatchesConfig
 from deployments.config_cache import CacheConfig as CacheConfig
 from deployments.config_generation import GenerationModelConfig as GenerationModelConfig
 from deployments.config_generation import GenerationQueue as GenerationQueue
@@ -314,6 +315,7 @@ class AppConfig(StrictModel):
     ingress: IngressConfig = IngressConfig()
     auth: AuthConfig = AuthConfig()
     cache: CacheConfig = CacheConfig()  # the per-item result cache (config_cache.py)
+    batches: BatchesConfig = BatchesConfig()  # the OpenAI Batch API (config_batches.py)
     # Any non-empty combination of tasks is an app; see _serves_a_model.
     embedding_models: list[EmbeddingModelConfig] = Field(default_factory=list)
     rerank_models: list[RerankModelConfig] = Field(default_factory=list)

@@ -73,6 +73,21 @@ class RouteNotFound(TributaryError):
     default_code = "not_found"
 
 
+class ObjectNotFound(TributaryError):
+    """A file or batch that does not exist, or belongs to another tenant: the two answer
+    alike, so a tenant cannot learn which ids others hold."""
+
+    status = 404
+    error_type = "invalid_request_error"
+    default_code = "not_found"
+
+
+class Conflict(TributaryError):
+    status = 409
+    error_type = "invalid_request_error"
+    default_code = "conflict"
+
+
 class MethodNotAllowed(TributaryError):
     status = 405
     error_type = "invalid_request_error"

@@ -56,6 +56,11 @@ class AccessControl:
             raise AccessDenied("invalid_key", "The API key is not valid.")
         return tenant
 
+    def tenant_named(self, name: str) -> Tenant | None:
+        """The tenant called `name` (work it left behind, a batch job, runs as it); None
+        when no configured tenant has that name any more."""
+        return next((t for t in self._keys.owners() if t.name == name), None)
+
     @staticmethod
     def authorize(tenant: Tenant | None, model: str) -> None:
         if tenant is not None and tenant.models is not None and model not in tenant.models:

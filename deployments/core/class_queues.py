@@ -63,6 +63,11 @@ class ClassQueues(Generic[Job, Outcome]):
     def queued_items(self) -> dict[Priority, int]:
         return {p: c.queued_items for p, c in self._coalescers.items()}
 
+    def load(self, priority: Priority) -> tuple[int, int]:
+        """The class's items waiting here and its calls out to the model now."""
+        coalescer = self._coalescers[priority]
+        return coalescer.queued_items, coalescer.in_flight
+
     async def submit(
         self,
         priority: Priority,

@@ -115,6 +115,10 @@ class Coalescer(Generic[Job, Outcome]):
         return self._now.queued_items
 
     @property
+    def in_flight(self) -> int:
+        return self._now.in_flight
+
+    @property
     def stats(self) -> CoalescerStats:
         self._stats.in_flight = self._now.in_flight
         self._stats.queued_jobs = self._now.queued_jobs

@@ -29,6 +29,9 @@ class KeyRing(Generic[Owner]):
     def __bool__(self) -> bool:
         return bool(self._entries)
 
+    def owners(self) -> list[Owner]:
+        return [owner for _, owner in self._entries]
+
     def owner_of(self, key: str) -> Owner | None:
         presented = digest(key)
         found: Owner | None = None

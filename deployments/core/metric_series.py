@@ -294,6 +294,28 @@ OUTPUT_TOKENS = Series(
     MODEL_CLASS,
 )
 
+# Batch jobs (the Batch API): lines by result, how long a batch took, lines still to run.
+BATCH_JOB_LINES = Series(
+    "tributary_batch_job_lines",
+    Kind.COUNTER,
+    "Batch API lines by result: completed (2xx), failed (answered otherwise, or never run), "
+    "refused (429/503/504, sent again later).",
+    ("result",),
+)
+BATCH_JOB_SECONDS = Series(
+    "tributary_batch_job_seconds",
+    Kind.HISTOGRAM,
+    "Batch API jobs: seconds from creation to the end, by final status.",
+    ("status",),
+    (1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 24 * 3600.0),
+)
+BATCH_JOB_WAITING = Series(
+    "tributary_batch_job_lines_waiting",
+    Kind.GAUGE,
+    "Batch API: lines of the batch this dispatcher runs that have no answer yet.",
+    (),
+)
+
 SERIES: tuple[Series, ...] = (
     REQUESTS,
     SHADOW_AGREEMENT,
@@ -327,4 +349,7 @@ SERIES: tuple[Series, ...] = (
     RUNNING_SEQUENCES,
     WAITING_SEQUENCES,
     OUTPUT_TOKENS,
+    BATCH_JOB_LINES,
+    BATCH_JOB_SECONDS,
+    BATCH_JOB_WAITING,
 )

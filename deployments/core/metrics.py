@@ -23,6 +23,9 @@ from deployments.core.cost_model import CostFit
 from deployments.core.metric_series import (
     AGREEMENT_BUCKETS,
     BATCH_ITEMS,
+    BATCH_JOB_LINES,
+    BATCH_JOB_SECONDS,
+    BATCH_JOB_WAITING,
     BATCH_SIZE,
     BATCH_TOKEN_BUDGET,
     BATCH_TOKENS,
@@ -307,3 +310,13 @@ class TributaryMetrics:
 
     def output_tokens(self, model: str, priority: str, tokens: int) -> None:
         self._put(OUTPUT_TOKENS, tokens, model=model, priority=priority)
+
+    # The Batch API's dispatcher.
+    def batch_lines(self, result: str, count: int) -> None:
+        self._put(BATCH_JOB_LINES, count, result=result)
+
+    def batch_finished(self, status: str, seconds: float) -> None:
+        self._put(BATCH_JOB_SECONDS, seconds, status=status)
+
+    def batch_lines_waiting(self, lines: int) -> None:
+        self._put(BATCH_JOB_WAITING, lines)

@@ -137,7 +137,8 @@ def _require_bearer(document: dict[str, Any], components: dict[str, Any]) -> Non
     components["securitySchemes"] = {
         "apiKey": {"type": "http", "scheme": "bearer", "description": "An API key."}
     }
-    for methods in document.get("paths", {}).values():
+    for path, methods in document.get("paths", {}).items():
         for operation in methods.values():
-            if "requestBody" in operation:  # the model routes; health, models, stats are open
+            # The model routes and the Batch API; health, models, stats are open.
+            if "requestBody" in operation or path.startswith(("/v1/files", "/v1/batches")):
                 operation["security"] = [{"apiKey": []}]

@@ -7,6 +7,8 @@ module assembles them, answers errors in one shape, and gives `Ingress` its ASGI
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,6 +23,7 @@ from deployments.errors import (
     TributaryError,
     error_response,
 )
+from deployments.http.batches import install_batch_routes
 from deployments.http.docs_pages import install_docs_pages
 from deployments.http.embed_dialects import EMBED_DIALECT_REQUESTS
 from deployments.http.embeddings import install_embedding_routes
@@ -29,6 +32,10 @@ from deployments.http.hot_routes import HotRouteFront
 from deployments.http.openapi import install_openapi
 from deployments.http.rerank import install_rerank_routes
 from deployments.http.service import install_service_routes
+from deployments.ingress.batches.line_runner import IngressLines
+from deployments.ingress.batches.schemas import CreateBatchRequest
+from deployments.ingress.batches.service import BatchService
+from deployments.ingress.batches.stores import build_store
 from deployments.ingress.generation_schemas import ChatCompletionRequest, CompletionRequest
 from deployments.ingress.ingress import Ingress
 from deployments.ingress.rerank_schemas import RerankRequest, TeiRerankRequest
@@ -43,6 +50,7 @@ REQUEST_MODELS = (
     TeiRerankRequest,
     ChatCompletionRequest,
     CompletionRequest,
+    CreateBatchRequest,
 )
 
 
@@ -66,6 +74,7 @@ def build_http_app(ingress: Ingress) -> FastAPI:
         # FastAPI's pages load from a CDN; docs_pages serves them from installed files.
         docs_url=None,
         redoc_url=None,
+        lifespan=_lifespan,
     )
     app.state.ingress = ingress
     _install_error_handlers(app)
@@ -73,9 +82,28 @@ def build_http_app(ingress: Ingress) -> FastAPI:
     install_embedding_routes(app, ingress)
     install_rerank_routes(app, ingress)
     install_generation_routes(app, ingress)
+    batches = ingress.config.batches
+    if batches.enabled:
+        lines = IngressLines(ingress)
+        service = BatchService(
+            batches, lambda: build_store(batches), lines, ingress.observer.metrics
+        )
+        install_batch_routes(app, service)
     install_service_routes(app)
     install_docs_pages(app)
     return app
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    # Serve runs the lifespan when the replica starts: batches left running by a replica
+    # that died (or by the app before a restart) resume without waiting for a request.
+    service: BatchService | None = getattr(app.state, "batches", None)
+    if service is not None:
+        service.start()
+    yield
+    if service is not None:
+        await service.stop()
 
 
 def answer_exception(exc: Exception) -> Response:
@@ -120,13 +148,15 @@ def route_not_found(app: FastAPI, method: str, path: str) -> RouteNotFound:
 
 def route_list(app: FastAPI) -> str:
     """`POST /v1/embeddings, GET /v1/models, ...` in the app's order. HEAD is left out (it
-    mirrors GET) and so are templated paths (the documentation assets)."""
+    mirrors GET) and so are the templated paths outside the API (the documentation
+    assets); /v1/files/{file_id} and the like are in."""
     seen: list[str] = []
     for route in app.routes:
         path = getattr(route, "path", "")
         methods = getattr(route, "methods", None) or ()
+        hidden = "{" in path and not getattr(route, "include_in_schema", False)
         for method in sorted(set(methods) - {"HEAD"}):
             entry = f"{method} {path}"
-            if "{" not in path and entry not in seen:
+            if not hidden and entry not in seen:
                 seen.append(entry)
     return ", ".join(seen)

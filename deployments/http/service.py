@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from deployments.errors import TributaryError
+from deployments.http.batches import batch_summary
 from deployments.http.common import ingress_of, json_response
 from deployments.ingress.schemas import ErrorBody, ModelList
 
@@ -40,7 +41,9 @@ def install_service_routes(app: FastAPI) -> None:
 
     @app.get("/v1/stats")
     async def stats(request: Request) -> Response:
-        return json_response(await ingress_of(request).stats())
+        stats = await ingress_of(request).stats()
+        batches = await batch_summary(request)
+        return json_response(stats if batches is None else {**stats, "batches": batches})
 
     status_page = resources.files("deployments").joinpath("static/status.html").read_bytes()
 

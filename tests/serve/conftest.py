@@ -35,11 +35,15 @@ BULK_KEY = "trib-test-bulk"  # tier batch, MODEL only
 LIMITED_KEY = "trib-test-limited"  # tier normal, 1 request/s with a burst of 2
 AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}
 BATCH_QUEUE_ITEMS = 256
+BATCH_LEASE_S = 4
 
 
 def serve_test_config(cross_encoder_dir: Path | None = None) -> dict:
     config = load_config()
     args = config["applications"][0]["args"]
+    # The Batch API (its store goes in the server's workdir, bench/server.py): a short
+    # lease, so a batch whose dispatcher was killed resumes within seconds.
+    args["batches"] = {"lease_s": BATCH_LEASE_S, "poll_s": 0.2}
     # The embedders and the ingress already claim both cores; the rerankers claim none,
     # so they fit (they are idle while the embedding tests run).
     for reranker in args.get("rerank_models", []):

@@ -42,6 +42,7 @@ class Rows(HTMLParser):
         self.rows: dict[tuple[str, str], dict[str, str]] = {}
         self.versions: dict[tuple[str, str], dict[str, str]] = {}  # (model, version)
         self.cache: dict[str, dict[str, str]] = {}  # model -> its cache row
+        self.batches: dict[str, dict[str, str]] = {}  # batch id ("" none) -> its row
         self.state = ""
         self._row: dict[str, str] | None = None
         self._cell: str | None = None
@@ -53,6 +54,8 @@ class Rows(HTMLParser):
             self._row = self.rows[(found["data-model"] or "", found["data-class"] or "")] = {}
         elif tag == "tr" and found.get("data-cache-of"):
             self._row = self.cache[found["data-cache-of"] or ""] = {}
+        elif tag == "tr" and "data-batch-of" in found:
+            self._row = self.batches[found["data-batch-of"] or ""] = {}
         elif tag == "tr" and found.get("data-version-of"):
             key = (found["data-version-of"] or "", found.get("data-version") or "")
             self._row = self.versions[key] = {}
@@ -149,3 +152,5 @@ def test_the_status_page_renders_live_figures_in_a_browser(server: Server, tmp_p
     # The result cache's table: the one model with the cache on, with its counts.
     assert set(rows.cache) == {CACHED_MODEL}
     assert int(rows.cache[CACHED_MODEL]["hits"]) >= 1
+    # The Batch API's table: this replica's dispatcher, idle or running one batch.
+    assert len(rows.batches) == 1

@@ -23,6 +23,7 @@ RANKS: dict[str, tuple[int, str]] = {
     "deployments.config": (2, "shared"),
     "deployments.config_base": (2, "shared"),
     "deployments.config_cache": (2, "shared"),
+    "deployments.config_batches": (2, "shared"),
     "deployments.config_generation": (2, "shared"),
     "deployments.config_traffic": (2, "shared"),
     "deployments.serve_options": (2, "shared"),

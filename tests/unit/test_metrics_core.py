@@ -63,6 +63,9 @@ def test_every_record_carries_exactly_its_series_labels(
     metrics.shadow_compared("m", "2", {"cosine": 0.999}, 1.2)
     metrics.shadow_not_compared("m", "2", "dropped")
     metrics.canary_tripped("m", "2", "p99")
+    metrics.batch_lines("completed", 3)
+    metrics.batch_finished("completed", 12.0)
+    metrics.batch_lines_waiting(40)
     assert {s.name for s, _, _ in recorder.records} == {s.name for s in SERIES}
     for series, _, labels in recorder.records:
         assert tuple(labels) == series.labels, series.name

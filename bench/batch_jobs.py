@@ -1,0 +1,195 @@
+"""The Batch API on a running server: an N-text embedding batch's texts/s, and optionally
+realtime single-text latency alone and while a batch runs (issue 29's measure).
+
+    python -m bench.batch_jobs --url http://127.0.0.1:8000 --texts 100000 \
+        --baseline-seconds 30 --realtime
+
+Start the server first (`make serve`). A batch of one text per line goes through the
+server's own pacing: texts/s is the whole batch, from its creation until it completed,
+the upload excluded; --baseline-seconds first measures the served 8 clients x 32 texts
+throughput it is compared with. With --realtime, a closed loop of single-text realtime requests runs
+first alone, then while a second batch of the same size runs; their p99 is compared (the
+batch must outlast the window: `batch_status_after` says whether it did; the second batch
+is cancelled afterwards).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import orjson
+
+from bench.loadgen import LoadResult, embedding_bodies, run_closed_loop
+from bench.texts import sentences
+from deployments.batch_cli import FINAL, BatchClient
+
+POLL_S = 0.5
+
+
+def batch_file(path: Path, texts: list[str], per_line: int, model: str) -> int:
+    lines = 0
+    with path.open("wb") as out:
+        for start in range(0, len(texts), per_line):
+            chunk = texts[start : start + per_line]
+            body = {"model": model, "input": chunk[0] if per_line == 1 else chunk}
+            line = {"custom_id": f"t{start}", "method": "POST", "url": "/v1/embeddings"}
+            out.write(orjson.dumps({**line, "body": body}) + b"\n")
+            lines += 1
+    return lines
+
+
+def start_batch(client: BatchClient, path: Path) -> str:
+    uploaded = client.upload(path)
+    body = {
+        "input_file_id": uploaded["id"],
+        "endpoint": "/v1/embeddings",
+        "completion_window": "24h",
+    }
+    return str(client.json("POST", "/v1/batches", body)["id"])
+
+
+def wait_done(client: BatchClient, batch_id: str) -> dict[str, Any]:
+    while True:
+        batch: dict[str, Any] = client.json("GET", f"/v1/batches/{batch_id}")
+        if batch["status"] in FINAL:
+            return batch
+        time.sleep(POLL_S)
+
+
+def wait_started(client: BatchClient, batch_id: str) -> None:
+    while True:
+        batch = client.json("GET", f"/v1/batches/{batch_id}")
+        if batch["request_counts"]["completed"] > 0 or batch["status"] in FINAL:
+            return
+        time.sleep(0.1)
+
+
+def realtime_loop(
+    url: str, key: str | None, model: str, seconds: float, clients: int
+) -> LoadResult:
+    target = urlparse(url)
+    headers = {"X-Priority": "realtime"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    bodies = embedding_bodies(sentences(500, seed=7), 1, model, 500)
+    return asyncio.run(
+        run_closed_loop(
+            target.hostname or "127.0.0.1",
+            target.port or 80,
+            "/v1/embeddings",
+            bodies,
+            1,
+            clients,
+            seconds,
+            progress=False,
+            headers=headers,
+        )
+    )
+
+
+def served_baseline(url: str, key: str | None, model: str, seconds: float) -> float:
+    """Texts/s of 8 closed-loop clients sending 32 texts a request: the issue's yardstick."""
+    target = urlparse(url)
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    bodies = embedding_bodies(sentences(4096, seed=11), 32, model, 128)
+    result = asyncio.run(
+        run_closed_loop(
+            target.hostname or "127.0.0.1",
+            target.port or 80,
+            "/v1/embeddings",
+            bodies,
+            32,
+            8,
+            seconds,
+            progress=False,
+            headers=headers,
+        )
+    )
+    return result.texts_per_s
+
+
+def run_batch(client: BatchClient, path: Path, texts: int) -> dict[str, Any]:
+    started = time.monotonic()
+    batch_id = start_batch(client, path)
+    created = time.monotonic()
+    batch = wait_done(client, batch_id)
+    took = time.monotonic() - created
+    counts = batch["request_counts"]
+    return {
+        "batch": batch_id,
+        "status": batch["status"],
+        "completed_lines": counts["completed"],
+        "failed_lines": counts["failed"],
+        "upload_s": round(created - started, 2),
+        "seconds": round(took, 2),
+        "texts_per_s": round(texts / took, 1) if batch["status"] == "completed" else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.batch_jobs")
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--key", default=os.environ.get("TRIBUTARY_API_KEY"))
+    parser.add_argument("--model", default="all-MiniLM-L6-v2")
+    parser.add_argument("--texts", type=int, default=100_000)
+    parser.add_argument("--texts-per-line", type=int, default=1)
+    parser.add_argument(
+        "--baseline-seconds",
+        type=float,
+        default=0.0,
+        help="first measure served 8 clients x 32 texts for this long (0: not)",
+    )
+    parser.add_argument("--realtime", action="store_true", help="also realtime p99 alone/during")
+    parser.add_argument("--realtime-seconds", type=float, default=20.0)
+    parser.add_argument("--realtime-clients", type=int, default=1)
+    args = parser.parse_args(argv)
+    client = BatchClient(args.url, args.key)
+    report: dict[str, Any] = {"texts": args.texts, "texts_per_line": args.texts_per_line}
+    with tempfile.TemporaryDirectory() as workdir:
+        path = Path(workdir) / "batch.jsonl"
+        texts = sentences(args.texts, seed=29)
+        report["lines"] = batch_file(path, texts, args.texts_per_line, args.model)
+        if args.realtime:
+            alone = realtime_loop(
+                args.url, args.key, args.model, args.realtime_seconds, args.realtime_clients
+            )
+            report["realtime_alone"] = _latency(alone)
+        if args.baseline_seconds > 0:
+            baseline = served_baseline(args.url, args.key, args.model, args.baseline_seconds)
+            report["served_8x32_texts_per_s"] = round(baseline, 1)
+        report["batch"] = run_batch(client, path, args.texts)
+        if args.baseline_seconds > 0 and report["batch"]["texts_per_s"]:
+            report["batch_vs_served"] = round(report["batch"]["texts_per_s"] / baseline, 2)
+        if args.realtime:
+            during_id = start_batch(client, path)
+            wait_started(client, during_id)
+            during = realtime_loop(
+                args.url, args.key, args.model, args.realtime_seconds, args.realtime_clients
+            )
+            still = client.json("GET", f"/v1/batches/{during_id}")["status"]
+            report["realtime_during_batch"] = {**_latency(during), "batch_status_after": still}
+            report["p99_ratio"] = round(during.p99_ms / alone.p99_ms, 2)
+            client.json("POST", f"/v1/batches/{during_id}/cancel")
+            wait_done(client, during_id)
+    print(json.dumps(report, indent=2))
+
+
+def _latency(result: LoadResult) -> dict[str, Any]:
+    return {
+        "requests": result.requests,
+        "failures": result.failures,
+        "p50_ms": round(result.p50_ms, 2),
+        "p99_ms": round(result.p99_ms, 2),
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""A batch line as an ordinary batch-class request of the ingress: the same parse,
+tenant checks, admission, result cache, versions and coalescing as one sent over HTTP."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import orjson
+
+from deployments.core.access import Tenant
+from deployments.core.batch_job_pacing import Others
+from deployments.core.priority import Priority
+from deployments.errors import InternalError, TributaryError, Unauthorized
+from deployments.ingress.batches.dispatcher import LineAnswer
+from deployments.ingress.embeddings import to_json
+from deployments.ingress.request_meta import RequestMeta
+
+if TYPE_CHECKING:
+    from deployments.ingress.ingress import Answer, Ingress
+
+logger = logging.getLogger("ray.serve")
+
+Call = Callable[["Ingress", bytes, RequestMeta, Tenant | None], Awaitable["Answer"]]
+
+# The endpoints a batch may name, each with its route's call into the ingress and the
+# task whose queues tell whether higher classes wait.
+ENDPOINTS: dict[str, tuple[Call, str]] = {
+    "/v1/embeddings": (lambda i, b, m, t: i.embed(b, m, t, "openai"), "embedding"),
+    "/v1/chat/completions": (lambda i, b, m, t: i.generate(b, m, t, True), "generation"),
+    "/v1/completions": (lambda i, b, m, t: i.generate(b, m, t, False), "generation"),
+    "/v1/rerank": (lambda i, b, m, t: i.rerank(b, m, t, "v1"), "rerank"),
+    "/v2/rerank": (lambda i, b, m, t: i.rerank(b, m, t, "v2"), "rerank"),
+}
+# No tenant: access is open (no keys configured); batches are then everyone's.
+OPEN_TENANT = ""
+
+
+class IngressLines:
+    def __init__(self, ingress: Ingress) -> None:
+        self.ingress = ingress
+
+    async def run(self, endpoint: str, body: bytes, tenant: str, request_id: str) -> LineAnswer:
+        call, _ = ENDPOINTS[endpoint]
+        meta = RequestMeta(
+            request_id=request_id, priority=Priority.BATCH, timeout_s=None, authorization=None
+        )
+        try:
+            answer = await call(self.ingress, body, meta, self._tenant(tenant))
+        except TributaryError as exc:
+            return LineAnswer(exc.status, orjson.dumps(exc.body()), exc.retry_after_s)
+        except Exception:
+            logger.exception("batch line %s failed in the ingress", request_id)
+            return LineAnswer(500, orjson.dumps(InternalError().body()))
+        return LineAnswer(200, to_json(answer.body))
+
+    def _tenant(self, name: str) -> Tenant | None:
+        access = self.ingress.access
+        if access.is_open:
+            return None
+        tenant = access.tenant_named(name)
+        if tenant is None:  # its keys were removed since: it may no longer use the server
+            raise Unauthorized(f"The batch's tenant {name!r} is no longer configured.")
+        return tenant
+
+    def admitted_lines(self) -> int:
+        # A line is at least one item; the batch class's bounds are in items.
+        batch = self.ingress.config.ingress.admission.batch
+        return min(batch.max_queued_items, batch.shed_above_queued_items or batch.max_queued_items)
+
+    def others(self, endpoint: str) -> Others:
+        _, task = ENDPOINTS[endpoint]
+        seen: Others = "idle"
+        for _, version in self.ingress.catalog.versions_of_task(task):
+            if version.client is None:
+                continue  # generation: its replica's slots order the classes
+            for priority in (Priority.REALTIME, Priority.NORMAL):
+                queued, running = version.client.queues.load(priority)
+                if queued:
+                    return "queued"
+                if running:
+                    seen = "active"
+        return seen
