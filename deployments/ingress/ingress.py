@@ -135,6 +135,7 @@ class Ingress:
             version.watch = replica_watch_for(name or "model", version, handle)
             return
         method = "embed_jobs" if task == "embedding" else "rerank_jobs"
+        batching = getattr(version.config, "batching", None)
         version.client = ModelClient(
             name or "model",
             handle,
@@ -142,6 +143,9 @@ class Ingress:
             ingress.max_group_items,
             method=method,
             metrics=self.observer.metrics,
+            model_targets_ms=None
+            if batching is None
+            else {p: batching.of(p.label).target_p99_ms for p in Priority},
         )
 
     async def reconfigure(self, user_config: dict[str, Any] | None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from ray.serve.exceptions import BackPressureError
@@ -37,12 +38,16 @@ class ModelClient:
         max_group_items: int,
         method: str = "embed_jobs",
         metrics: TributaryMetrics | None = None,
+        model_targets_ms: Mapping[Priority, float | None] | None = None,
     ) -> None:
+        """`model_targets_ms`: the model's own latency targets per class (its batching's
+        `target_p99_ms`), which take the place of the admission's where given."""
         self.name = name
         self._metrics = metrics
         self._handle = handle
         self._method = method
         self._notes: set[asyncio.Task[Any]] = set()
+        targets = model_targets_ms or {}
         settings = {
             p: ClassSettings(
                 ClassLimits(
@@ -50,6 +55,7 @@ class ModelClient:
                     admission.of(p.label).shed_above_queued_items,
                 ),
                 admission.of(p.label).max_in_flight,
+                (targets.get(p) or admission.target_ms(p.label)) / 1e3,
             )
             for p in ALL_PRIORITIES
         }
@@ -59,6 +65,7 @@ class ModelClient:
             size_of=len,
             max_group_items=max_group_items,
             on_abandon=self._forget,
+            predict_wait=admission.predict_wait,
         )
 
     def _sender(self, priority: Priority) -> Send[Any, Any]:
@@ -110,16 +117,7 @@ class ModelClient:
                 priority, job, loop_deadline(timeout_s), since=request_started()
             )
         except Refused as exc:
-            refusal = exc.refusal
-            verb = "is shedding" if refusal.reason == "shed" else "has a full queue for"
-            raise Overloaded(
-                f"Model '{self.name}' {verb} {priority.label}-class requests "
-                f"({refusal.queued_items} inputs waiting, limit {refusal.limit}); "
-                f"retry after {refusal.retry_after_s} s.",
-                retry_after_s=refusal.retry_after_s,
-                status=refusal.status,
-                code="load_shed" if refusal.reason == "shed" else "queue_full",
-            ) from None
+            raise _overloaded(self.name, exc) from None
         except DeadlineExpired:
             raise DeadlineExceeded(
                 f"No answer within the request's deadline of {timeout_s:g} s "
@@ -136,3 +134,26 @@ class ModelClient:
 
     async def info(self) -> dict[str, Any]:
         return await self._handle.info.remote()
+
+
+def _overloaded(model: str, refused: Refused) -> Overloaded:
+    refusal, label = refused.refusal, refused.priority.label
+    if refusal.reason == "wait":
+        why = (
+            f"expects to answer {label}-class requests in {refusal.predicted_ms:g} ms "
+            f"({refusal.queued_items} inputs ahead), over their {refusal.limit} ms target "
+            "or deadline"
+        )
+    else:
+        verb = "is shedding" if refusal.reason == "shed" else "has a full queue for"
+        why = (
+            f"{verb} {label}-class requests ({refusal.queued_items} inputs waiting, "
+            f"limit {refusal.limit})"
+        )
+    return Overloaded(
+        f"Model '{model}' {why}; retry after {refusal.retry_after_s} s.",
+        retry_after_s=refusal.retry_after_s,
+        status=refusal.status,
+        # A predicted wait over the target is load shedding by another measure.
+        code="queue_full" if refusal.reason == "queue_full" else "load_shed",
+    )
