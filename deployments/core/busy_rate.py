@@ -3,9 +3,12 @@ divides the work ahead of a request by.
 
 Items answered per second of wall time is the arrival rate whenever the model keeps up, and
 under light load that says nothing of what it could do. So time counts only while at least
-one call is out (the model, or the hop to it, is busy), and the window is the last
-`window_s` seconds of such busy time: a burst after a quiet hour is measured by the burst,
-not diluted by the hour.
+one call is out (the model, or the hop to it, is busy), in windows of `window_s` busy
+seconds. The rate is the best window of the last `horizon` ones: a model answers faster
+per item in full batches than in small ones, and admission keeps the queue short, so the
+rate of the moment would fall with every request refused and refuse more in turn. The
+best recent window is what the model has shown it can do; when it can no longer (a
+neighbour took the CPU), the predictor's correction sees answers come late.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from collections.abc import Callable
 class BusyRate:
     def __init__(
         self,
-        window_s: float = 3.0,
-        min_items: int = 64,
+        window_s: float = 1.0,
+        horizon: int = 30,
+        min_items: int = 32,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._window_s = window_s
@@ -27,47 +31,37 @@ class BusyRate:
         self._clock = clock
         self._out = 0  # calls started and not yet ended
         self._last = 0.0  # when busy time was last booked
-        # (busy seconds, items) per booked stretch, oldest first, about `window_s` in all
-        self._samples: deque[tuple[float, int]] = deque()
-        self._busy_s = 0.0
+        self._busy_s = 0.0  # in the open window
         self._items = 0
+        self._windows: deque[float] = deque(maxlen=horizon)  # closed windows' rates
 
     def started(self) -> None:
-        now = self._clock()
         if self._out == 0:
-            self._last = now  # idle time before this call is not service time
+            self._last = self._clock()  # idle time before this call is not service time
         self._out += 1
 
     def ended(self, items: int) -> None:
         """A call ended; `items` it answered (0 for a call that failed)."""
         if self._out == 0:
             return
-        self._book(items)
+        now = self._clock()
+        self._busy_s += max(now - self._last, 0.0)
+        self._last = now
+        self._items += items
         self._out -= 1
+        if self._busy_s >= self._window_s:
+            if self._items >= self._min_items:
+                self._windows.append(self._items / self._busy_s)
+            self._busy_s, self._items = 0.0, 0
 
     def per_s(self) -> float | None:
-        """Items per busy second over the window; None until `min_items` were measured."""
-        if self._items < self._min_items or self._busy_s <= 0:
-            return None
-        return self._items / self._busy_s
+        """Items per busy second, the best recent window; None before the first one."""
+        return max(self._windows) if self._windows else None
 
     def report(self) -> dict[str, float | int | None]:
         rate = self.per_s()
         return {
             "items_per_busy_s": None if rate is None else round(rate, 1),
-            "window_busy_s": round(self._busy_s, 2),
-            "window_items": self._items,
+            "last_window_items_per_busy_s": round(self._windows[-1], 1) if self._windows else None,
+            "windows": len(self._windows),
         }
-
-    def _book(self, items: int) -> None:
-        now = self._clock()
-        busy = max(now - self._last, 0.0)
-        self._last = now
-        self._samples.append((busy, items))
-        self._busy_s += busy
-        self._items += items
-        # Keep at least one sample: a single long call is still the best figure there is.
-        while len(self._samples) > 1 and self._busy_s - self._samples[0][0] >= self._window_s:
-            old_busy, old_items = self._samples.popleft()
-            self._busy_s -= old_busy
-            self._items -= old_items

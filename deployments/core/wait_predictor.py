@@ -33,8 +33,8 @@ class RatioQuantile:
 
     def __init__(
         self,
-        quantile: float = 0.99,
-        step: float = 0.05,
+        quantile: float = 0.9,
+        step: float = 0.1,
         low: float = 0.25,
         high: float = 16.0,
     ) -> None:
@@ -55,8 +55,11 @@ class WaitPredictor:
         self,
         rate: BusyRate | None = None,
         floor_calls: int = 64,
-        quantile: float = 0.99,
-        step: float = 0.05,
+        # The 90th percentile, not the 99th: the walk falls by step x (1 - quantile) per
+        # early answer, and at 0.99 a correction raised by a stall took half a minute to
+        # come down, refusing all the while. A tail above it lands within the target's slack.
+        quantile: float = 0.9,
+        step: float = 0.1,
     ) -> None:
         self.rate = rate or BusyRate()
         self._calls: deque[float] = deque(maxlen=floor_calls)

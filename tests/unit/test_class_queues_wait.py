@@ -3,6 +3,8 @@ measured from fake calls."""
 
 import asyncio
 
+import pytest
+
 from deployments.core.admission import ClassLimits
 from deployments.core.busy_rate import BusyRate
 from deployments.core.class_queues import ClassQueues, ClassSettings, Refused
@@ -42,7 +44,7 @@ class Model:
 
 
 def warm_predictor(clock: Clock) -> WaitPredictor:
-    predictor = WaitPredictor(BusyRate(min_items=10, clock=clock))
+    predictor = WaitPredictor(BusyRate(window_s=0.5, min_items=10, clock=clock))
     for _ in range(20):
         predictor.rate.started()
         clock.now += 10 / RATE
@@ -171,6 +173,6 @@ async def test_stats_show_the_prediction() -> None:
     queues, _, _ = make()
     predicted = queues.stats()["predicted_wait"]
     assert predicted["enabled"] is True
-    assert predicted["items_per_busy_s"] == RATE
+    assert predicted["items_per_busy_s"] == pytest.approx(RATE)
     assert predicted["call_floor_ms"] == 50.0
     assert set(predicted["correction"]) == {"realtime", "normal", "batch"}

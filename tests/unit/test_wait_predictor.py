@@ -14,7 +14,7 @@ RT, NORMAL, BATCH = Priority.REALTIME, Priority.NORMAL, Priority.BATCH
 def measured(items_per_s: float, floor_s: float) -> WaitPredictor:
     """A predictor that has seen calls of 10 items at `items_per_s`, the fastest `floor_s`."""
     clock = Clock()
-    predictor = WaitPredictor(BusyRate(min_items=10, clock=clock))
+    predictor = WaitPredictor(BusyRate(window_s=0.5, min_items=10, clock=clock))
     for _ in range(20):
         predictor.rate.started()
         clock.now += 10 / items_per_s
@@ -25,7 +25,7 @@ def measured(items_per_s: float, floor_s: float) -> WaitPredictor:
 
 
 def test_cold_start_predicts_nothing() -> None:
-    predictor = WaitPredictor(BusyRate(min_items=10, clock=Clock()))
+    predictor = WaitPredictor(BusyRate(window_s=0.5, min_items=10, clock=Clock()))
     assert predictor.predict(NORMAL, 100, 1) is None
     predictor.call_took(0.01)
     assert predictor.predict(NORMAL, 100, 1) is None  # a floor, but no rate yet
@@ -47,10 +47,14 @@ def test_late_answers_raise_the_correction_fast_early_ones_lower_it_slowly() -> 
         predictor.observe(NORMAL, prediction, 3 * prediction.raw_s)
     late = predictor.predict(NORMAL, 99, 1)
     assert late is not None and late.seconds == pytest.approx(3 * late.raw_s, rel=0.1)
-    for _ in range(30):
+    for _ in range(10):
         predictor.observe(NORMAL, prediction, 0.5 * prediction.raw_s)
     after = predictor.predict(NORMAL, 99, 1)
-    assert after is not None and after.seconds > 2.5 * after.raw_s  # 30 early ones: little
+    assert after is not None and after.seconds > 2.5 * after.raw_s  # 10 early ones: little
+    for _ in range(200):
+        predictor.observe(NORMAL, prediction, 0.5 * prediction.raw_s)
+    settled = predictor.predict(NORMAL, 99, 1)
+    assert settled is not None and settled.seconds < 0.6 * settled.raw_s
     # and a class's correction is its own
     other = predictor.predict(BATCH, 99, 1)
     assert other is not None and other.seconds == pytest.approx(other.raw_s)
