@@ -223,6 +223,14 @@ class AdmissionConfig(StrictModel):
     batch: ClassAdmission = ClassAdmission(
         max_queued_items=1024, shed_above_queued_items=1024, timeout_s=600
     )
+    max_held_requests: int = Field(
+        768,
+        ge=1,
+        description="Requests (embedding and rerank) one ingress replica holds at once, all "
+        "models together; past half of it batch is refused, past 85 % normal, past all of "
+        "it realtime (429/503 + Retry-After). Keep it under HAProxy's per-replica "
+        "maxconn (TRIBUTARY_INGRESS_MAXCONN, 1024), so nothing waits unseen in front.",
+    )
     predict_wait: bool = Field(
         True,
         description="Admit by predicted wait: the work ahead of a request over the model's "

@@ -17,7 +17,7 @@ from typing import Any
 from ray.serve.exceptions import BackPressureError
 
 from deployments.config import AdmissionConfig
-from deployments.core.admission import ClassLimits
+from deployments.core.admission import ClassLimits, Refusal
 from deployments.core.class_queues import ClassQueues, ClassSettings, Refused, loop_deadline
 from deployments.core.coalescer import DeadlineExpired, Send
 from deployments.core.metrics import TributaryMetrics
@@ -117,7 +117,7 @@ class ModelClient:
                 priority, job, loop_deadline(timeout_s), since=request_started()
             )
         except Refused as exc:
-            raise _overloaded(self.name, exc) from None
+            raise overloaded(self.name, priority, exc.refusal) from None
         except DeadlineExpired:
             raise DeadlineExceeded(
                 f"No answer within the request's deadline of {timeout_s:g} s "
@@ -136,24 +136,31 @@ class ModelClient:
         return await self._handle.info.remote()
 
 
-def _overloaded(model: str, refused: Refused) -> Overloaded:
-    refusal, label = refused.refusal, refused.priority.label
+def overloaded(model: str, priority: Priority, refusal: Refusal) -> Overloaded:
+    """A refusal of admission as the API's 429/503 with Retry-After."""
+    label = priority.label
     if refusal.reason == "wait":
         why = (
-            f"expects to answer {label}-class requests in {refusal.predicted_ms:g} ms "
-            f"({refusal.queued_items} inputs ahead), over their {refusal.limit} ms target "
-            "or deadline"
+            f"Model '{model}' expects to answer {label}-class requests in "
+            f"{refusal.predicted_ms:g} ms ({refusal.queued_items} inputs ahead), over their "
+            f"{refusal.limit} ms target or deadline"
+        )
+    elif refusal.reason == "held":
+        why = (
+            f"This server holds {refusal.queued_items} requests, its bound for {label}-class "
+            f"ones is {refusal.limit}"
         )
     else:
         verb = "is shedding" if refusal.reason == "shed" else "has a full queue for"
         why = (
-            f"{verb} {label}-class requests ({refusal.queued_items} inputs waiting, "
-            f"limit {refusal.limit})"
+            f"Model '{model}' {verb} {label}-class requests ({refusal.queued_items} inputs "
+            f"waiting, limit {refusal.limit})"
         )
     return Overloaded(
-        f"Model '{model}' {why}; retry after {refusal.retry_after_s} s.",
+        f"{why}; retry after {refusal.retry_after_s} s.",
         retry_after_s=refusal.retry_after_s,
         status=refusal.status,
-        # A predicted wait over the target is load shedding by another measure.
+        # A predicted wait over the target, or a full ingress, is load shedding by another
+        # measure; the code stays one clients already know.
         code="queue_full" if refusal.reason == "queue_full" else "load_shed",
     )
