@@ -142,8 +142,8 @@ def overloaded(model: str, priority: Priority, refusal: Refusal) -> Overloaded:
     if refusal.reason == "wait":
         why = (
             f"Model '{model}' expects to answer {label}-class requests in "
-            f"{refusal.predicted_ms:g} ms ({refusal.queued_items} inputs ahead), over their "
-            f"{refusal.limit} ms target or deadline"
+            f"{refusal.predicted_ms:g} ms ({refusal.queued_items} inputs ahead), over the "
+            f"{refusal.limit} ms left of their target or deadline"
         )
     elif refusal.reason == "held":
         why = (

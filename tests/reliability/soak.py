@@ -55,25 +55,34 @@ def rerank_body(model: str, k: int) -> bytes:
     return json.dumps({"model": model, "query": f"query {k}", "documents": documents}).encode()
 
 
+def fresh_bodies(model: str, texts: int, requests: int, tag: str) -> list[bytes]:
+    """`requests` bodies of `texts` texts each, no text like any other: every one a cache
+    miss (the cache is on, and a repeated text would cost the model nothing)."""
+    base = sentences(2000)
+    unique = [f"{base[i % len(base)]} ({tag} {i})" for i in range(texts * max(requests, 1))]
+    return embedding_bodies(unique, texts, model, max(requests, 1))
+
+
 def streams(models: dict[str, str], capacity: float, minute: int) -> list[Any]:
     embedder, reranker, llm = models["embedding"], models["rerank"], models["generation"]
-    fresh = sentences(2000, seed=1000 + minute)  # new texts every minute: cache misses
-    again = sentences(200, seed=7)  # the same texts all along: batch hits the cache
     rate = LOAD * capacity
+    per_minute = int(MINUTE_S * rate) + 1
+    # The batch class sends the same 200 texts all along: it hits the cache (on Redis),
+    # and the texts need Redis back after its restart to be hits again.
+    again = embedding_bodies(sentences(200, seed=7), TEXTS, embedder, 50)
     return [
         OpenStream("embed normal", "/v1/embeddings",
-                   embedding_bodies(fresh, TEXTS, embedder, 256), 0.8 * rate, "normal"),
-        OpenStream("embed batch", "/v1/embeddings",
-                   embedding_bodies(again, TEXTS, embedder, 64), 0.3 * rate, "batch"),
+                   fresh_bodies(embedder, TEXTS, per_minute, f"n{minute}"), 0.8 * rate, "normal"),
+        OpenStream("embed batch", "/v1/embeddings", again, 0.3 * rate, "batch"),
         OpenStream("embed realtime", "/v1/embeddings",
-                   embedding_bodies(fresh[::7], 1, embedder, 256), min(0.1 * rate, 20), "realtime"),
+                   fresh_bodies(embedder, 1, 1200, f"r{minute}"), min(0.1 * rate, 20), "realtime"),
         OpenStream("rerank normal", "/v1/rerank",
                    [rerank_body(reranker, minute * 100 + k) for k in range(50)],
                    max(1.0, 0.02 * rate), "normal"),
         GenerationClients("chat streamed", llm, 2, stream=True, priority="normal"),
         GenerationClients("chat whole", llm, 2, stream=False, priority="batch"),
         GenerationClients("chat leaving", llm, 1, stream=True, priority="realtime", leave=True),
-        LeavingEmbeds("embed leaving", embedding_bodies(fresh, 1, embedder, 64), 5.0),
+        LeavingEmbeds("embed leaving", fresh_bodies(embedder, 1, 300, f"l{minute}"), 5.0),
     ]  # fmt: skip
 
 
@@ -108,7 +117,7 @@ def served_models(server: Server) -> dict[str, str]:
 
 async def soak(server: Server, redis: Redis, minutes: int) -> dict[str, Any]:
     models = await asyncio.to_thread(served_models, server)
-    calibration = embedding_bodies(sentences(2000, seed=99), TEXTS, models["embedding"], 256)
+    calibration = fresh_bodies(models["embedding"], TEXTS, 20_000, "calibration")
     closed = await run_closed_loop(
         "127.0.0.1", server.port, "/v1/embeddings", calibration, TEXTS, 64, 10,
         warmup_s=2, progress=False, honor_retry_after=True,
