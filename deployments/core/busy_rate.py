@@ -8,7 +8,7 @@ seconds. The rate is the best window of the last `horizon` ones: a model answers
 per item in full batches than in small ones, and admission keeps the queue short, so the
 rate of the moment would fall with every request refused and refuse more in turn. The
 best recent window is what the model has shown it can do; when it can no longer (a
-neighbour took the CPU), the predictor's correction sees answers come late.
+neighbour took the CPU), the predictor's fit sees answers come late.
 """
 
 from __future__ import annotations

@@ -224,8 +224,17 @@ def main() -> int:
                 "backend": "redis",
                 "url": redis.url,
             }
-            with running_server(config, workdir) as server:
-                result = asyncio.run(soak(server, redis, minutes))
+            try:
+                with running_server(config, workdir) as server:
+                    result = asyncio.run(soak(server, redis, minutes))
+            finally:
+                # The server's log outlives the scratch directory: a failed goal's story.
+                RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+                log = workdir / "serve.log"
+                if log.exists():
+                    (RESULTS_DIR / time.strftime("soak-%Y%m%d-%H%M%S.log")).write_bytes(
+                        log.read_bytes()
+                    )
         finally:
             redis.stop()
     failed = goals(result)

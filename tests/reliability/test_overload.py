@@ -58,7 +58,7 @@ class Goals:
 
 
 FULL = Goals(target_factor=1.0, uncontended_factor=5.0, refusal_p99_ms=20, goodput_share=0.9)
-BOUNDED = Goals(target_factor=4.0, uncontended_factor=None, refusal_p99_ms=250, goodput_share=0.3)
+BOUNDED = Goals(target_factor=5.0, uncontended_factor=None, refusal_p99_ms=250, goodput_share=0.3)
 
 
 def targets_ms() -> dict[PriorityName, float]:

@@ -175,4 +175,4 @@ async def test_stats_show_the_prediction() -> None:
     assert predicted["enabled"] is True
     assert predicted["items_per_busy_s"] == pytest.approx(RATE)
     assert predicted["call_floor_ms"] == 50.0
-    assert set(predicted["correction"]) == {"realtime", "normal", "batch"}
+    assert predicted["fit"] == {"realtime": None, "normal": None, "batch": None}

@@ -1,11 +1,18 @@
 import random
+from collections.abc import Callable
 
 import pytest
 
 from deployments.core.admission import wait_refusal
 from deployments.core.busy_rate import BusyRate
 from deployments.core.priority import Priority
-from deployments.core.wait_predictor import Prediction, RatioQuantile, WaitPredictor
+from deployments.core.wait_predictor import (
+    MAX_SLOPE,
+    MIN_SLOPE,
+    Prediction,
+    WaitPredictor,
+    fit_line,
+)
 from tests.fakes import Clock
 
 RT, NORMAL, BATCH = Priority.REALTIME, Priority.NORMAL, Priority.BATCH
@@ -31,52 +38,67 @@ def test_cold_start_predicts_nothing() -> None:
     assert predictor.predict(NORMAL, 100, 1) is None  # a floor, but no rate yet
 
 
-def test_prediction_is_the_floor_plus_the_work_ahead_and_its_own_over_the_rate() -> None:
+def test_before_a_fit_the_prediction_is_the_floor_plus_the_queue_term() -> None:
     predictor = measured(items_per_s=200, floor_s=0.02)
     prediction = predictor.predict(NORMAL, ahead_items=99, size=1)
     assert prediction is not None
-    assert prediction.raw_s == pytest.approx(0.02 + 100 / 200)
-    assert prediction.seconds == pytest.approx(prediction.raw_s)  # no correction yet
+    assert prediction.queue_s == pytest.approx(100 / 200)
+    assert prediction.seconds == pytest.approx(0.02 + 0.5)
 
 
-def test_late_answers_raise_the_correction_fast_early_ones_lower_it_slowly() -> None:
+def feed(predictor: WaitPredictor, priority: Priority, latency: Callable[[float], float]) -> None:
+    """Admitted requests with 0 to 99 items ahead, each answered after latency(q)."""
+    for k in range(300):
+        prediction = predictor.predict(priority, k % 100, 1)
+        assert prediction is not None
+        predictor.observe(priority, prediction, latency(prediction.queue_s))
+
+
+def test_answers_slower_than_the_rate_says_raise_the_slope() -> None:
     predictor = measured(items_per_s=200, floor_s=0.02)
+    feed(predictor, NORMAL, lambda q: 0.02 + 3 * q)  # the model is a third as fast
     prediction = predictor.predict(NORMAL, 99, 1)
+    assert prediction is not None and prediction.seconds == pytest.approx(0.02 + 1.5, rel=0.02)
+    other = predictor.predict(BATCH, 99, 1)  # a class's fit is its own
+    assert other is not None and other.seconds == pytest.approx(0.52)
+
+
+def test_a_delay_every_request_pays_is_a_base_not_a_slope() -> None:
+    predictor = measured(items_per_s=200, floor_s=0.02)
+    feed(predictor, NORMAL, lambda q: 0.3 + q)  # a busy ingress: +300 ms for everyone
+    short, long = predictor.predict(NORMAL, 0, 1), predictor.predict(NORMAL, 99, 1)
+    assert short is not None and long is not None
+    assert short.seconds == pytest.approx(0.305, abs=0.01)
+    # what a single factor would have made of it: 0.3 / 0.025 = 12x on every queue
+    assert long.seconds == pytest.approx(0.8, abs=0.01)
+
+
+def test_the_tail_of_the_residuals_is_added() -> None:
+    rng = random.Random(3)
+    predictor = measured(items_per_s=200, floor_s=0.02)
+    feed(predictor, NORMAL, lambda q: 0.05 + q + rng.uniform(-0.1, 0.1))
+    prediction = predictor.predict(NORMAL, 49, 1)
     assert prediction is not None
-    for _ in range(30):
-        predictor.observe(NORMAL, prediction, 3 * prediction.raw_s)
-    late = predictor.predict(NORMAL, 99, 1)
-    assert late is not None and late.seconds == pytest.approx(3 * late.raw_s, rel=0.1)
-    for _ in range(10):
-        predictor.observe(NORMAL, prediction, 0.5 * prediction.raw_s)
-    after = predictor.predict(NORMAL, 99, 1)
-    assert after is not None and after.seconds > 2.5 * after.raw_s  # 10 early ones: little
-    for _ in range(200):
-        predictor.observe(NORMAL, prediction, 0.5 * prediction.raw_s)
-    settled = predictor.predict(NORMAL, 99, 1)
-    assert settled is not None and settled.seconds < 0.6 * settled.raw_s
-    # and a class's correction is its own
-    other = predictor.predict(BATCH, 99, 1)
-    assert other is not None and other.seconds == pytest.approx(other.raw_s)
+    # uniform(-0.1, 0.1) has a standard deviation of 0.058: 1.28 of them on top
+    assert prediction.seconds == pytest.approx(0.05 + 0.25 + 1.28 * 0.0577, abs=0.03)
 
 
-def test_the_correction_settles_at_its_quantile_of_the_ratios() -> None:
-    rng = random.Random(7)
-    tracker = RatioQuantile(quantile=0.9, step=0.02)
-    ratios = [rng.uniform(0.5, 2.5) for _ in range(40_000)]
-    for ratio in ratios:
-        tracker.observe(ratio)
-    assert tracker.value == pytest.approx(2.3, abs=0.1)  # the 90th percentile of U(0.5, 2.5)
+def test_the_slope_stays_within_its_bounds_and_a_flat_queue_takes_the_rate_at_its_word() -> None:
+    assert fit_line([(q / 100, 5.0 * q) for q in range(50)]).slope == MAX_SLOPE
+    assert fit_line([(q / 100, 0.2) for q in range(50)]).slope == MIN_SLOPE
+    flat = fit_line([(0.1, 0.3)] * 50)
+    assert (flat.base_s, flat.slope, flat.spread_s) == pytest.approx((0.2, 1.0, 0.0))
 
 
-def test_the_correction_stays_within_its_bounds() -> None:
-    tracker = RatioQuantile(low=0.5, high=4)
-    for _ in range(1000):
-        tracker.observe(1000)
-    assert tracker.value == 4
-    for _ in range(100_000):
-        tracker.observe(0)
-    assert tracker.value == 0.5
+def test_a_request_that_waited_out_its_deadline_counts_as_four_times_late() -> None:
+    predictor = measured(items_per_s=200, floor_s=0.02)
+    feed(predictor, NORMAL, lambda q: 0.02 + q)
+    prediction = predictor.predict(NORMAL, 10, 1)
+    assert prediction is not None
+    for _ in range(20):
+        predictor.observe(NORMAL, prediction, 60.0)  # each a 60 s deadline
+    after = predictor.predict(NORMAL, 10, 1)
+    assert after is not None and prediction.seconds < after.seconds < 4
 
 
 def test_within_budget_or_with_nothing_ahead_is_admitted() -> None:
