@@ -38,6 +38,8 @@ class OpenLoopResult(LoadResult):
     refusals_without_retry_after: int = 0
     # Seconds from due to answer of every 429/503, over the whole run: how fast a refusal is.
     refusal_latencies_s: list[float] = field(default_factory=list)
+    # The first body of each status other than 200/429/503: what an unexpected answer said.
+    unexpected_bodies: dict[int, bytes] = field(default_factory=dict)
 
     def within(self, seconds: float) -> int:
         """200s in the measured window answered within `seconds` (goodput's count)."""
@@ -81,6 +83,7 @@ class _Run:
         self.no_answer_total = 0
         self.refusals_without_retry_after = 0
         self.refusal_latencies_s: list[float] = []
+        self.unexpected_bodies: dict[int, bytes] = {}
 
     async def one(self, request: bytes, due: float) -> None:
         writer: asyncio.StreamWriter | None = None
@@ -100,6 +103,8 @@ class _Run:
         if status != 200:
             self.non_ok_total += 1
         self.all_status_counts[status] = self.all_status_counts.get(status, 0) + 1
+        if status not in (200, *RETRY_STATUSES):
+            self.unexpected_bodies.setdefault(status, body[:300])
         if status in RETRY_STATUSES:
             self.refusal_latencies_s.append(done - due)
             if retry_after is None:
@@ -164,4 +169,5 @@ async def run_open_loop(
         no_answer_total=run.no_answer_total,
         refusals_without_retry_after=run.refusals_without_retry_after,
         refusal_latencies_s=run.refusal_latencies_s,
+        unexpected_bodies=run.unexpected_bodies,
     )

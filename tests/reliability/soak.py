@@ -166,6 +166,8 @@ async def soak(server: Server, redis: Redis, minutes: int) -> dict[str, Any]:
             total.left += t.left
             for status, n in t.other.items():
                 total.other[status] = total.other.get(status, 0) + n
+            for status, body in t.other_bodies.items():
+                total.other_bodies.setdefault(status, body)
     await injector
     stop.set()
     await asyncio.gather(*probes)

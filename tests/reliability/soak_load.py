@@ -27,6 +27,7 @@ class Tally:
     refusals: int = 0  # 429/503, each with Retry-After
     refusals_without_retry_after: int = 0
     other: dict[int, int] = field(default_factory=dict)  # any other status
+    other_bodies: dict[int, str] = field(default_factory=dict)  # the first of each
     unanswered: int = 0
     left: int = 0  # clients that went away on purpose
 
@@ -38,6 +39,9 @@ class Tally:
             refusals=counts.get(429, 0) + counts.get(503, 0),
             refusals_without_retry_after=result.refusals_without_retry_after,
             other={s: n for s, n in counts.items() if s not in (200, 429, 503)},
+            other_bodies={
+                s: b.decode(errors="replace") for s, b in result.unexpected_bodies.items()
+            },
             unanswered=result.no_answer_total,
         )
 
@@ -65,6 +69,7 @@ class Tally:
             "refused": self.refusals,
             "refused_without_retry_after": self.refusals_without_retry_after,
             "other_statuses": {str(k): v for k, v in sorted(self.other.items())},
+            "other_bodies": {str(k): v for k, v in sorted(self.other_bodies.items())},
             "unanswered": self.unanswered,
             "left_on_purpose": self.left,
         }
