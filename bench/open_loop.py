@@ -11,6 +11,7 @@ at the end of the window still count.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -35,6 +36,22 @@ class OpenLoopResult(LoadResult):
     all_status_counts: dict[int, int] = field(default_factory=dict)
     no_answer_total: int = 0
     refusals_without_retry_after: int = 0
+    # Seconds from due to answer of every 429/503, over the whole run: how fast a refusal is.
+    refusal_latencies_s: list[float] = field(default_factory=list)
+    # The first body of each status other than 200/429/503: what an unexpected answer said.
+    unexpected_bodies: dict[int, bytes] = field(default_factory=dict)
+
+    def within(self, seconds: float) -> int:
+        """200s in the measured window answered within `seconds` (goodput's count)."""
+        return sum(1 for latency in self.latencies_s if latency <= seconds)
+
+    def refusal_p(self, q: float) -> float:
+        """Nearest-rank percentile `q` (0-100) of the refusals' latencies, in ms (0: none)."""
+        ordered = sorted(self.refusal_latencies_s)
+        if not ordered:
+            return 0.0
+        rank = max(1, math.ceil(q / 100 * len(ordered)))
+        return 1000 * ordered[min(rank, len(ordered)) - 1]
 
 
 class _Pool:
@@ -65,6 +82,8 @@ class _Run:
         self.all_status_counts: dict[int, int] = {}
         self.no_answer_total = 0
         self.refusals_without_retry_after = 0
+        self.refusal_latencies_s: list[float] = []
+        self.unexpected_bodies: dict[int, bytes] = {}
 
     async def one(self, request: bytes, due: float) -> None:
         writer: asyncio.StreamWriter | None = None
@@ -84,8 +103,12 @@ class _Run:
         if status != 200:
             self.non_ok_total += 1
         self.all_status_counts[status] = self.all_status_counts.get(status, 0) + 1
-        if status in RETRY_STATUSES and retry_after is None:
-            self.refusals_without_retry_after += 1
+        if status not in (200, *RETRY_STATUSES):
+            self.unexpected_bodies.setdefault(status, body[:300])
+        if status in RETRY_STATUSES:
+            self.refusal_latencies_s.append(done - due)
+            if retry_after is None:
+                self.refusals_without_retry_after += 1
         # Placed in the window by when it was due, not when it finished.
         self.state.record(due, done - due, status, body)
         if keep_alive:
@@ -145,4 +168,6 @@ async def run_open_loop(
         all_status_counts=run.all_status_counts,
         no_answer_total=run.no_answer_total,
         refusals_without_retry_after=run.refusals_without_retry_after,
+        refusal_latencies_s=run.refusal_latencies_s,
+        unexpected_bodies=run.unexpected_bodies,
     )

@@ -214,6 +214,20 @@ class ClassAdmission(StrictModel):
     timeout_s: float = Field(
         ..., gt=0, description="Deadline when the request sends no X-Request-Timeout."
     )
+    target_ms: float | None = Field(
+        None,
+        gt=0,
+        description="Latency target from arrival to answer: with `predict_wait`, a request "
+        "predicted to take longer (or longer than its deadline) is refused at once. None = "
+        "the class's default (realtime 100, normal 500, batch 30,000); a model's "
+        "`batching.<class>.target_p99_ms`, where set, takes its place for that model "
+        "(docs/operations.md, 'Admission by predicted wait').",
+    )
+
+
+# The classes' targets where the config names none: realtime is interactive, normal is
+# a page or an API call behind one, batch is bulk work that only has to keep moving.
+DEFAULT_TARGET_MS: dict[PriorityName, float] = {"realtime": 100, "normal": 500, "batch": 30_000}
 
 
 class AdmissionConfig(StrictModel):
@@ -224,12 +238,30 @@ class AdmissionConfig(StrictModel):
     batch: ClassAdmission = ClassAdmission(
         max_queued_items=1024, shed_above_queued_items=1024, timeout_s=600
     )
+    max_held_requests: int = Field(
+        768,
+        ge=1,
+        description="Requests (embedding and rerank) one ingress replica holds at once, all "
+        "models together; past half of it batch is refused, past 85 % normal, past all of "
+        "it realtime (429/503 + Retry-After). Keep it under HAProxy's per-replica "
+        "maxconn (TRIBUTARY_INGRESS_MAXCONN, 1024), so nothing waits unseen in front.",
+    )
+    predict_wait: bool = Field(
+        True,
+        description="Admit by predicted wait: the work ahead of a request over the model's "
+        "measured service rate, corrected by measured waits, against its class's target "
+        "or deadline. False = the item bounds alone (they are ceilings either way).",
+    )
     max_timeout_s: float = Field(
         3600, gt=0, description="Largest X-Request-Timeout accepted (400 above it)."
     )
 
     def of(self, priority: PriorityName) -> ClassAdmission:
         return getattr(self, priority)
+
+    def target_ms(self, priority: PriorityName) -> float:
+        own = self.of(priority).target_ms
+        return DEFAULT_TARGET_MS[priority] if own is None else own
 
     @model_validator(mode="after")
     def _realtime_is_never_shed(self) -> AdmissionConfig:

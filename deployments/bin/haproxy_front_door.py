@@ -16,14 +16,17 @@ the way, each time, so a reload with a new config keeps them:
   overload only ever sees the documented shape.
 - **A bounded wait in front of the ingress.** Each ingress server gets a `maxconn`
   (TRIBUTARY_INGRESS_MAXCONN, default 1024 requests at once per ingress replica); past it
-  HAProxy queues, and a POST that finds more than TRIBUTARY_FRONT_QUEUE (default 256)
+  HAProxy queues, and a POST that finds more than TRIBUTARY_FRONT_QUEUE (default 64)
   requests queued is refused at once with the overloaded error and Retry-After. Without
   this, at twice capacity the ingress spent its CPU accepting and refusing requests and fell
   behind its arrivals, so a backlog no deadline covered built up in front of it. HAProxy's
   queue is ordered: GETs (health, model list) and `X-Priority: realtime` go first, and
   realtime is refused only past four times the bound. `timeout queue`
-  (TRIBUTARY_FRONT_QUEUE_TIMEOUT_S, default 30) is the backstop for an ingress that takes
-  nothing at all.
+  (TRIBUTARY_FRONT_QUEUE_TIMEOUT_S, default 5) is the backstop for an ingress that takes
+  nothing at all. The ingress itself holds fewer requests than `maxconn`
+  (`ingress.admission.max_held_requests`) and admits by predicted wait, so this queue
+  only forms while the ingress cannot even accept; both bounds are kept short because
+  whatever waits here, admission has not seen.
 - **503 not_ready while there is no route yet.** Serve starts HAProxy before the app is
   deployed, with no app backend: every request then falls to Serve's `default_backend`,
   a plain-text 404 "Path '/healthz' not found", for the seconds until the ingress
@@ -76,8 +79,8 @@ class QueueBounds:
     """How much HAProxy lets wait in front of the ingress (module docstring)."""
 
     ingress_maxconn: int = 1024
-    queue: int = 256
-    queue_timeout_s: int = 30
+    queue: int = 64
+    queue_timeout_s: int = 5
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str]) -> QueueBounds:

@@ -1,5 +1,9 @@
 """Who waits and who is turned away, per model, by priority class.
 
+First the fixed bounds, hard ceilings that hold whatever the predictions say (`Admission`),
+then the predicted wait (`wait_refusal`): a request whose answer is not expected within its
+class's target or its deadline is refused at once, not served late.
+
 Each class has a bound on its own queue. Normal and batch also have a shedding threshold
 on everything queued for the model, all classes together: as the queue grows the batch
 class is turned away first (it has the lower threshold), then normal. Realtime is refused
@@ -9,11 +13,13 @@ ahead of it and the rate the model has recently been getting through it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from deployments.core.priority import Priority
 from deployments.core.throughput import retry_after_s
+from deployments.core.wait_predictor import Prediction
 
 # The rate is recent history: when a flood starts on an idle server it is still the idle
 # rate, and the estimate would send clients away for minutes while the queue drains in
@@ -29,11 +35,12 @@ class ClassLimits:
 
 @dataclass(frozen=True)
 class Refusal:
-    reason: str  # "shed" (load) or "queue_full" (this class's own bound)
+    reason: str  # "shed" (load), "queue_full" (this class's own bound), "wait" (predicted)
     status: int
     retry_after_s: int
     queued_items: int
-    limit: int
+    limit: int  # items; for "wait" the budget in ms
+    predicted_ms: float | None = None  # "wait" only
 
 
 class Admission:
@@ -67,8 +74,32 @@ class Admission:
             reason, ahead, limit = "shed", total, limits.shed_above_queued_items
         else:
             return None
-        # 429 tells a client to back off and come back; realtime, never shed, gets 503:
-        # its own bound is the server's capacity, not a share it overdrew.
-        status = 503 if priority is Priority.REALTIME else 429
         wait = retry_after_s(ahead + size, items_per_s, ceiling_s=RETRY_AFTER_CEILING_S)
-        return Refusal(reason, status, wait, ahead, limit)
+        return Refusal(reason, refusal_status(priority), wait, ahead, limit)
+
+
+def refusal_status(priority: Priority) -> int:
+    # 429 tells a client to back off and come back; realtime, never shed, gets 503: its
+    # bound is the server's capacity, not a share it overdrew.
+    return 503 if priority is Priority.REALTIME else 429
+
+
+def wait_refusal(
+    priority: Priority, prediction: Prediction, budget_s: float, ahead_items: int
+) -> Refusal | None:
+    """None to admit a request predicted to be answered in `prediction.seconds` when it has
+    `budget_s` (its class's target or its deadline, the shorter) and `ahead_items` wait
+    before it; else a refusal whose Retry-After is the time the excess takes to drain."""
+    # Nothing ahead: nothing to wait for but itself, and refusing would never serve it.
+    if ahead_items == 0 or prediction.seconds <= budget_s:
+        return None
+    excess = prediction.seconds - max(budget_s, 0.0)
+    retry = int(min(RETRY_AFTER_CEILING_S, max(1, math.ceil(excess))))
+    return Refusal(
+        "wait",
+        refusal_status(priority),
+        retry,
+        ahead_items,
+        round(budget_s * 1e3),
+        predicted_ms=round(prediction.seconds * 1e3, 1),
+    )

@@ -26,6 +26,7 @@ from deployments.config import (
 )
 from deployments.core.access import AccessDenied, Tenant, estimate_tokens
 from deployments.core.gc_policy import relax_collector
+from deployments.core.held_requests import HeldRequests
 from deployments.core.metrics import TributaryMetrics
 from deployments.core.priority import Priority
 from deployments.core.protocol import (
@@ -59,7 +60,7 @@ from deployments.ingress.generation import (
 from deployments.ingress.generation_cache import cached_completion, stream_answer, whole_answer
 from deployments.ingress.generation_schemas import parse_generation_request
 from deployments.ingress.item_cache import ItemCaches, cached_run, with_cached_inputs
-from deployments.ingress.model_client import ModelClient
+from deployments.ingress.model_client import ModelClient, overloaded
 from deployments.ingress.observe import RequestObserver, note_request, observed
 from deployments.ingress.readiness import engines_problem, serve_readiness
 from deployments.ingress.request_meta import RequestMeta, choose_priority, read_meta
@@ -122,6 +123,7 @@ class Ingress:
         self.access = build_access_control(self.config.auth)
         self._denied: dict[str, int] = {}
         self.cache = ItemCaches(self.config.cache, self.observer.metrics)
+        self.held = HeldRequests(self.config.ingress.admission.max_held_requests)
         if self.access.is_open:
             _warn_if_open_to_the_network()
         if metrics is None and ray.is_initialized():  # in a replica, not a test's process
@@ -135,6 +137,7 @@ class Ingress:
             version.watch = replica_watch_for(name or "model", version, handle)
             return
         method = "embed_jobs" if task == "embedding" else "rerank_jobs"
+        batching = getattr(version.config, "batching", None)
         version.client = ModelClient(
             name or "model",
             handle,
@@ -142,6 +145,9 @@ class Ingress:
             ingress.max_group_items,
             method=method,
             metrics=self.observer.metrics,
+            model_targets_ms=None
+            if batching is None
+            else {p: batching.of(p.label).target_p99_ms for p in Priority},
         )
 
     async def reconfigure(self, user_config: dict[str, Any] | None) -> None:
@@ -385,12 +391,19 @@ class Ingress:
         """Charge the tenant, queue the job, wait for its outcome; the tenant pays for the
         tokens the model counted, none for a job that failed. Then, maybe, a shadow copy."""
         note_request(priority=priority.label, items=len(job))
+        refusal = self.held.check(priority)
+        if refusal is not None:
+            raise overloaded(model, priority, refusal)
         charge = self._guard(lambda: self.access.hold(tenant, estimate))
         admission = self.config.ingress.admission.of(priority.label)
         timeout_s = meta.timeout_s if meta.timeout_s is not None else admission.timeout_s
         table = self.catalog.table(model)
         started = time.monotonic()
-        with charge.refunded_on_failure(), table.judged(version, self.observer.metrics, started):
+        with (
+            self.held.holding(),
+            charge.refunded_on_failure(),
+            table.judged(version, self.observer.metrics, started),
+        ):
             outcome = await _client_of(version).submit(priority, job, timeout_s)
             if isinstance(outcome, Rejection):
                 raise rejection_error(outcome)
@@ -429,7 +442,7 @@ class Ingress:
         for name, cache_stats in self.cache.stats().items():
             if name in stats["models"]:
                 stats["models"][name]["cache"] = cache_stats
-        return {**stats, "access_denied": dict(self._denied)}
+        return {**stats, "access_denied": dict(self._denied), "held_requests": self.held.report()}
 
 
 def _access_error(exc: AccessDenied) -> TributaryError:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from ray.serve.exceptions import BackPressureError
 
 from deployments.config import AdmissionConfig
-from deployments.core.admission import ClassLimits
+from deployments.core.admission import ClassLimits, Refusal
 from deployments.core.class_queues import ClassQueues, ClassSettings, Refused, loop_deadline
 from deployments.core.coalescer import DeadlineExpired, Send
 from deployments.core.metrics import TributaryMetrics
@@ -37,12 +38,16 @@ class ModelClient:
         max_group_items: int,
         method: str = "embed_jobs",
         metrics: TributaryMetrics | None = None,
+        model_targets_ms: Mapping[Priority, float | None] | None = None,
     ) -> None:
+        """`model_targets_ms`: the model's own latency targets per class (its batching's
+        `target_p99_ms`), which take the place of the admission's where given."""
         self.name = name
         self._metrics = metrics
         self._handle = handle
         self._method = method
         self._notes: set[asyncio.Task[Any]] = set()
+        targets = model_targets_ms or {}
         settings = {
             p: ClassSettings(
                 ClassLimits(
@@ -50,6 +55,7 @@ class ModelClient:
                     admission.of(p.label).shed_above_queued_items,
                 ),
                 admission.of(p.label).max_in_flight,
+                (targets.get(p) or admission.target_ms(p.label)) / 1e3,
             )
             for p in ALL_PRIORITIES
         }
@@ -59,6 +65,7 @@ class ModelClient:
             size_of=len,
             max_group_items=max_group_items,
             on_abandon=self._forget,
+            predict_wait=admission.predict_wait,
         )
 
     def _sender(self, priority: Priority) -> Send[Any, Any]:
@@ -110,16 +117,7 @@ class ModelClient:
                 priority, job, loop_deadline(timeout_s), since=request_started()
             )
         except Refused as exc:
-            refusal = exc.refusal
-            verb = "is shedding" if refusal.reason == "shed" else "has a full queue for"
-            raise Overloaded(
-                f"Model '{self.name}' {verb} {priority.label}-class requests "
-                f"({refusal.queued_items} inputs waiting, limit {refusal.limit}); "
-                f"retry after {refusal.retry_after_s} s.",
-                retry_after_s=refusal.retry_after_s,
-                status=refusal.status,
-                code="load_shed" if refusal.reason == "shed" else "queue_full",
-            ) from None
+            raise overloaded(self.name, priority, exc.refusal) from None
         except DeadlineExpired:
             raise DeadlineExceeded(
                 f"No answer within the request's deadline of {timeout_s:g} s "
@@ -136,3 +134,33 @@ class ModelClient:
 
     async def info(self) -> dict[str, Any]:
         return await self._handle.info.remote()
+
+
+def overloaded(model: str, priority: Priority, refusal: Refusal) -> Overloaded:
+    """A refusal of admission as the API's 429/503 with Retry-After."""
+    label = priority.label
+    if refusal.reason == "wait":
+        why = (
+            f"Model '{model}' expects to answer {label}-class requests in "
+            f"{refusal.predicted_ms:g} ms ({refusal.queued_items} inputs ahead), over the "
+            f"{refusal.limit} ms left of their target or deadline"
+        )
+    elif refusal.reason == "held":
+        why = (
+            f"This server holds {refusal.queued_items} requests, its bound for {label}-class "
+            f"ones is {refusal.limit}"
+        )
+    else:
+        verb = "is shedding" if refusal.reason == "shed" else "has a full queue for"
+        why = (
+            f"Model '{model}' {verb} {label}-class requests ({refusal.queued_items} inputs "
+            f"waiting, limit {refusal.limit})"
+        )
+    return Overloaded(
+        f"{why}; retry after {refusal.retry_after_s} s.",
+        retry_after_s=refusal.retry_after_s,
+        status=refusal.status,
+        # A predicted wait over the target, or a full ingress, is load shedding by another
+        # measure; the code stays one clients already know.
+        code="queue_full" if refusal.reason == "queue_full" else "load_shed",
+    )

@@ -203,7 +203,7 @@ async def test_stats_cover_every_class() -> None:
     queues, _ = make()
     await queues.submit(NORMAL, ["a", "b"], None)
     stats = queues.stats()
-    assert set(stats) == {"items_per_s", "classes"}
+    assert set(stats) == {"items_per_s", "predicted_wait", "classes"}
     assert set(stats["classes"]) == {"realtime", "normal", "batch"}
     normal = stats["classes"]["normal"]
     assert (normal["calls"], normal["jobs"], normal["items"]) == (1, 1, 2)

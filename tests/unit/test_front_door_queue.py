@@ -158,7 +158,7 @@ def test_queue_bounds_come_from_the_environment_and_refuse_nonsense() -> None:
     bounds = front_door.QueueBounds.from_environment(
         {"TRIBUTARY_INGRESS_MAXCONN": "8", "TRIBUTARY_FRONT_QUEUE": " 3 "}
     )
-    assert (bounds.ingress_maxconn, bounds.queue, bounds.queue_timeout_s) == (8, 3, 30)
+    assert (bounds.ingress_maxconn, bounds.queue, bounds.queue_timeout_s) == (8, 3, 5)
     with pytest.raises(SystemExit, match="TRIBUTARY_FRONT_QUEUE must be a positive integer"):
         front_door.QueueBounds.from_environment({"TRIBUTARY_FRONT_QUEUE": "0"})
 

@@ -1,0 +1,178 @@
+"""Admission by predicted wait through ClassQueues, with a fake clock and a service rate
+measured from fake calls."""
+
+import asyncio
+
+import pytest
+
+from deployments.core.admission import ClassLimits
+from deployments.core.busy_rate import BusyRate
+from deployments.core.class_queues import ClassQueues, ClassSettings, Refused
+from deployments.core.priority import Priority
+from deployments.core.wait_predictor import WaitPredictor
+from tests.fakes import Clock
+
+RT, NORMAL, BATCH = Priority.REALTIME, Priority.NORMAL, Priority.BATCH
+RATE = 200.0  # items/s the fake model gets through
+FLOOR_S = 0.05  # the fastest call
+
+
+def settings(max_rt: int = 1000) -> dict[Priority, ClassSettings]:
+    return {
+        RT: ClassSettings(ClassLimits(max_rt), max_in_flight=1, target_s=0.1),
+        NORMAL: ClassSettings(ClassLimits(10_000), max_in_flight=1, target_s=0.5),
+        BATCH: ClassSettings(ClassLimits(10_000), max_in_flight=1, target_s=5.0),
+    }
+
+
+class Model:
+    """Every class's downstream: `gate` holds calls open; each call moves the clock by
+    its items over RATE."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.slowdown = 1.0
+
+    async def send(
+        self, jobs: list[list[str]], time_left: list[float | None], spent: list[float]
+    ) -> list[str]:
+        await self.gate.wait()
+        self.clock.now += self.slowdown * sum(map(len, jobs)) / RATE
+        return ["+".join(job) for job in jobs]
+
+
+def warm_predictor(clock: Clock) -> WaitPredictor:
+    predictor = WaitPredictor(BusyRate(window_s=0.5, min_items=10, clock=clock))
+    for _ in range(20):
+        predictor.rate.started()
+        clock.now += 10 / RATE
+        predictor.rate.ended(10)
+    predictor.call_took(FLOOR_S)
+    return predictor
+
+
+def make(
+    warm: bool = True, predict_wait: bool = True, max_rt: int = 1000
+) -> tuple[ClassQueues[list[str], str], Model, Clock]:
+    clock = Clock(100.0)
+    model = Model(clock)
+    queues: ClassQueues[list[str], str] = ClassQueues(
+        lambda p: model.send,
+        settings(max_rt),
+        size_of=len,
+        max_group_items=10_000,
+        predictor=warm_predictor(clock) if warm else WaitPredictor(BusyRate(clock=clock)),
+        predict_wait=predict_wait,
+        clock=clock,
+    )
+    return queues, model, clock
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def fill(
+    queues: ClassQueues[list[str], str], priority: Priority, limit: int = 10_000
+) -> tuple[list[asyncio.Task[str]], Refused | None]:
+    """Single-item requests of `priority` until one is refused (or `limit` were sent)."""
+    tasks: list[asyncio.Task[str]] = []
+    for i in range(limit):
+        task = asyncio.create_task(queues.submit(priority, [str(i)], None))
+        await settle()
+        if task.done() and isinstance(task.exception(), Refused):
+            exc = task.exception()
+            assert isinstance(exc, Refused)
+            return tasks, exc
+        tasks.append(task)
+    return tasks, None
+
+
+async def drain(model: Model, tasks: list[asyncio.Task[str]]) -> None:
+    model.gate.set()
+    await asyncio.gather(*tasks)
+
+
+async def test_admits_while_the_predicted_answer_fits_the_class_target() -> None:
+    queues, model, _ = make()
+    model.gate.clear()
+    admitted, refused = await fill(queues, NORMAL)
+    # floor 0.05 s + (ahead + 1) / 200 items/s <= 0.5 s: 90 inputs, the last with 89 ahead
+    assert len(admitted) == 90
+    assert refused is not None and refused.refusal.reason == "wait"
+    assert (refused.refusal.status, refused.refusal.limit) == (429, 500)
+    assert refused.refusal.retry_after_s == 1
+    assert queues.stats()["classes"]["normal"]["refused"] == {"wait": 1}
+    await drain(model, admitted)
+
+
+async def test_realtime_counts_only_its_own_work_batch_counts_everything_above() -> None:
+    queues, model, _ = make()
+    model.gate.clear()
+    normal, _ = await fill(queues, NORMAL, limit=80)
+    realtime, refused = await fill(queues, RT)
+    # 100 ms: 0.05 + n / 200 -> 10 realtime inputs, whatever normal work waits
+    assert len(realtime) == 10 and refused is not None and refused.refusal.status == 503
+    batch, refused = await fill(queues, BATCH)
+    # 5 s: 0.05 + (90 ahead + n) / 200 <= 5 -> 900 in all ahead of the last
+    assert len(batch) == 990 - 90 and refused is not None
+    await drain(model, normal + realtime + batch)
+
+
+async def test_a_deadline_shorter_than_the_target_is_the_budget() -> None:
+    queues, model, _ = make()
+    model.gate.clear()
+    admitted, _ = await fill(queues, NORMAL, limit=30)
+    loop_now = asyncio.get_running_loop().time()
+    # 30 ahead: 0.05 + 31 / 200 = 0.205 s predicted; a 0.1 s deadline cannot be met
+    late = asyncio.create_task(queues.submit(NORMAL, ["late"], loop_now + 0.1))
+    await settle()
+    assert isinstance(late.exception(), Refused)
+    ok = asyncio.create_task(queues.submit(NORMAL, ["ok"], loop_now + 5))
+    await drain(model, [*admitted, ok])
+
+
+async def test_cold_start_and_the_switch_fall_back_to_the_fixed_bounds() -> None:
+    for queues, model, _ in (make(warm=False), make(predict_wait=False)):
+        model.gate.clear()
+        admitted, refused = await fill(queues, NORMAL, limit=300)
+        assert len(admitted) == 300 and refused is None
+        await drain(model, admitted)
+
+
+async def test_the_fixed_bounds_stay_ceilings() -> None:
+    queues, model, _ = make(max_rt=4)
+    model.gate.clear()
+    admitted, refused = await fill(queues, RT)
+    # the prediction allows 10, the class's own bound 4 queued (+1 in the held call)
+    assert len(admitted) == 5
+    assert refused is not None and refused.refusal.reason == "queue_full"
+    await drain(model, admitted)
+
+
+async def test_answers_slower_than_predicted_tighten_admission() -> None:
+    queues, model, _ = make()
+    model.gate.clear()
+    before, _ = await fill(queues, NORMAL)
+    await drain(model, before)
+    model.slowdown = 3.0  # the model now takes three times what the rate says
+    for _ in range(6):  # rounds of admitted requests, each answered late
+        model.gate.clear()
+        batch, _ = await fill(queues, NORMAL)
+        await drain(model, batch)
+    model.gate.clear()
+    after, refused = await fill(queues, NORMAL)
+    assert refused is not None and len(after) < len(before) / 2
+    await drain(model, after)
+
+
+async def test_stats_show_the_prediction() -> None:
+    queues, _, _ = make()
+    predicted = queues.stats()["predicted_wait"]
+    assert predicted["enabled"] is True
+    assert predicted["items_per_busy_s"] == pytest.approx(RATE)
+    assert predicted["call_floor_ms"] == 50.0
+    assert predicted["fit"] == {"realtime": None, "normal": None, "batch": None}

@@ -1,0 +1,124 @@
+import random
+from collections.abc import Callable
+
+import pytest
+
+from deployments.core.admission import wait_refusal
+from deployments.core.busy_rate import BusyRate
+from deployments.core.priority import Priority
+from deployments.core.wait_predictor import (
+    MAX_SLOPE,
+    MIN_SLOPE,
+    Prediction,
+    WaitPredictor,
+    fit_line,
+)
+from tests.fakes import Clock
+
+RT, NORMAL, BATCH = Priority.REALTIME, Priority.NORMAL, Priority.BATCH
+
+
+def measured(items_per_s: float, floor_s: float) -> WaitPredictor:
+    """A predictor that has seen calls of 10 items at `items_per_s`, the fastest `floor_s`."""
+    clock = Clock()
+    predictor = WaitPredictor(BusyRate(window_s=0.5, min_items=10, clock=clock))
+    for _ in range(20):
+        predictor.rate.started()
+        clock.now += 10 / items_per_s
+        predictor.rate.ended(10)
+        predictor.call_took(10 / items_per_s)
+    predictor.call_took(floor_s)
+    return predictor
+
+
+def test_cold_start_predicts_nothing() -> None:
+    predictor = WaitPredictor(BusyRate(window_s=0.5, min_items=10, clock=Clock()))
+    assert predictor.predict(NORMAL, 100, 1) is None
+    predictor.call_took(0.01)
+    assert predictor.predict(NORMAL, 100, 1) is None  # a floor, but no rate yet
+
+
+def test_before_a_fit_the_prediction_is_the_floor_plus_the_queue_term() -> None:
+    predictor = measured(items_per_s=200, floor_s=0.02)
+    prediction = predictor.predict(NORMAL, ahead_items=99, size=1)
+    assert prediction is not None
+    assert prediction.queue_s == pytest.approx(100 / 200)
+    assert prediction.seconds == pytest.approx(0.02 + 0.5)
+
+
+def feed(predictor: WaitPredictor, priority: Priority, latency: Callable[[float], float]) -> None:
+    """Admitted requests with 0 to 99 items ahead, each answered after latency(q)."""
+    for k in range(300):
+        prediction = predictor.predict(priority, k % 100, 1)
+        assert prediction is not None
+        predictor.observe(priority, prediction, latency(prediction.queue_s))
+
+
+def test_answers_slower_than_the_rate_says_raise_the_slope() -> None:
+    predictor = measured(items_per_s=200, floor_s=0.02)
+    feed(predictor, NORMAL, lambda q: 0.02 + 3 * q)  # the model is a third as fast
+    prediction = predictor.predict(NORMAL, 99, 1)
+    assert prediction is not None and prediction.seconds == pytest.approx(0.02 + 1.5, rel=0.02)
+    other = predictor.predict(BATCH, 99, 1)  # a class's fit is its own
+    assert other is not None and other.seconds == pytest.approx(0.52)
+
+
+def test_a_delay_every_request_pays_is_a_base_not_a_slope() -> None:
+    predictor = measured(items_per_s=200, floor_s=0.02)
+    feed(predictor, NORMAL, lambda q: 0.3 + q)  # a busy ingress: +300 ms for everyone
+    short, long = predictor.predict(NORMAL, 0, 1), predictor.predict(NORMAL, 99, 1)
+    assert short is not None and long is not None
+    assert short.seconds == pytest.approx(0.305, abs=0.01)
+    # what a single factor would have made of it: 0.3 / 0.025 = 12x on every queue
+    assert long.seconds == pytest.approx(0.8, abs=0.01)
+
+
+def test_the_tail_of_the_residuals_is_added() -> None:
+    rng = random.Random(3)
+    predictor = measured(items_per_s=200, floor_s=0.02)
+    feed(predictor, NORMAL, lambda q: 0.05 + q + rng.uniform(-0.1, 0.1))
+    prediction = predictor.predict(NORMAL, 49, 1)
+    assert prediction is not None
+    # uniform(-0.1, 0.1) has a standard deviation of 0.058: 1.28 of them on top
+    assert prediction.seconds == pytest.approx(0.05 + 0.25 + 1.28 * 0.0577, abs=0.03)
+
+
+def test_the_slope_stays_within_its_bounds_and_a_flat_queue_takes_the_rate_at_its_word() -> None:
+    assert fit_line([(q / 100, 5.0 * q) for q in range(50)]).slope == MAX_SLOPE
+    assert fit_line([(q / 100, 0.2) for q in range(50)]).slope == MIN_SLOPE
+    flat = fit_line([(0.1, 0.3)] * 50)
+    assert (flat.base_s, flat.slope, flat.spread_s) == pytest.approx((0.2, 1.0, 0.0))
+
+
+def test_a_request_that_waited_out_its_deadline_counts_as_four_times_late() -> None:
+    predictor = measured(items_per_s=200, floor_s=0.02)
+    feed(predictor, NORMAL, lambda q: 0.02 + q)
+    prediction = predictor.predict(NORMAL, 10, 1)
+    assert prediction is not None
+    for _ in range(20):
+        predictor.observe(NORMAL, prediction, 60.0)  # each a 60 s deadline
+    after = predictor.predict(NORMAL, 10, 1)
+    assert after is not None and prediction.seconds < after.seconds < 4
+
+
+def test_within_budget_or_with_nothing_ahead_is_admitted() -> None:
+    assert wait_refusal(NORMAL, Prediction(0.4, 0.4), budget_s=0.5, ahead_items=80) is None
+    # a request with nothing ahead is never refused, however big: it would never be served
+    assert wait_refusal(NORMAL, Prediction(5.0, 5.0), budget_s=0.5, ahead_items=0) is None
+
+
+def test_over_budget_is_refused_with_retry_after_from_the_excess() -> None:
+    refusal = wait_refusal(NORMAL, Prediction(2.6, 2.0), budget_s=0.5, ahead_items=400)
+    assert refusal is not None
+    assert (refusal.reason, refusal.status, refusal.retry_after_s) == ("wait", 429, 3)
+    assert (refusal.queued_items, refusal.limit, refusal.predicted_ms) == (400, 500, 2600)
+    realtime = wait_refusal(RT, Prediction(0.15, 0.15), budget_s=0.1, ahead_items=3)
+    assert realtime is not None and (realtime.status, realtime.retry_after_s) == (503, 1)
+    # a stale rate must not send clients away for minutes
+    far = wait_refusal(BATCH, Prediction(500, 500), budget_s=30, ahead_items=10**5)
+    assert far is not None and far.retry_after_s == 10
+
+
+def test_a_deadline_already_past_refuses_with_a_positive_retry_after() -> None:
+    refusal = wait_refusal(NORMAL, Prediction(0.3, 0.3), budget_s=-1.0, ahead_items=5)
+    assert refusal is not None and refusal.retry_after_s == 1
