@@ -4,13 +4,23 @@ and a predictor given its measurements by hand."""
 from __future__ import annotations
 
 import asyncio
+import copy
 
 import httpx
+import pytest
 
 from deployments.core.wait_predictor import WaitPredictor
-from tests.integration.conftest import Harness
+from tests.integration.conftest import CONFIG, Harness
 from tests.integration.test_embeddings_route import assert_error
 from tests.integration.test_priorities import MODEL, post, settle
+
+
+@pytest.fixture
+def harness() -> Harness:
+    """The usual harness with admission by predicted wait on (it is opt-in)."""
+    config = copy.deepcopy(CONFIG)
+    config["ingress"]["admission"]["predict_wait"] = True
+    return Harness(config)
 
 
 def predictor(harness: Harness) -> WaitPredictor:

@@ -18,7 +18,10 @@ from tests.reliability.settings import is_full, sizes
 
 @pytest.fixture(scope="package")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with running_server(load_config(), tmp_path_factory.mktemp("reliability")) as server:
+    # Admission by predicted wait on: the overload test checks its goals.
+    config = load_config()
+    config["applications"][0]["args"]["ingress"]["admission"]["predict_wait"] = True
+    with running_server(config, tmp_path_factory.mktemp("reliability")) as server:
         yield server
 
 
