@@ -130,7 +130,9 @@ def with_batch_store(config: dict, path: Path) -> dict:
 
 def deploy(server: Server, config: dict, path: Path, timeout_s: float = 120) -> None:
     """`serve deploy` of a whole config onto the running server, as an operator would;
-    raises with the CLI's output if it refuses."""
+    raises with the CLI's output if it refuses. The server's own batch store stays, as
+    `launch` gave it: another path would change the app's arguments and restart it."""
+    config = with_batch_store(config, server.config_path.parent / "batches")
     path.write_text(yaml.safe_dump(config))
     serve_cli = Path(sys.executable).with_name("serve")
     deployed = subprocess.run(
