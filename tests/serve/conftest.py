@@ -48,6 +48,9 @@ def serve_test_config(cross_encoder_dir: Path | None = None) -> dict:
     # so they fit (they are idle while the embedding tests run).
     for reranker in args.get("rerank_models", []):
         reranker["deployment"]["ray_actor_options"]["num_cpus"] = 0
+        # Two passes side by side (the app's default is one), so the served rerank tests,
+        # concurrent clients among them, run that path too.
+        reranker["passes_in_flight"] = 2
     if cross_encoder_dir is not None:
         cross = copy.deepcopy(args["rerank_models"][0])
         cross.update(

@@ -103,6 +103,13 @@ def test_concurrent_clients_get_the_scores_of_one_at_a_time(server: Server) -> N
         got, expected = scores(response.json()), alone[i % 3]
         assert got.keys() == expected.keys()
         assert all(abs(got[k] - expected[k]) < 1e-4 for k in got)
+    # The test server runs this reranker's passes two side by side (tests/serve/conftest.py):
+    # the same scores as one at a time.
+    replica = httpx.get(f"{server.url}/v1/stats", timeout=30).json()["models"][RERANK_MODEL]
+    replica = replica["replica"]
+    assert replica["passes_in_flight"] == 2 and replica["gate"]["capacity"] == 2
+    assert replica["runtime"]["passes_in_flight"] == 2
+    assert replica["gate"]["running"] == 0
 
 
 def test_cross_encoder_is_served_from_its_saved_checkpoint(
