@@ -27,6 +27,7 @@ from deployments.ingress.redis_store import RedisStore
 from tests.integration.test_generation_cache_route import GREEDY, App, events_of
 from tests.integration.test_generation_route import MODEL as LLM
 from tests.integration.test_generation_route import client_of
+from tests.redis_server import start_redis
 
 MODEL = "m"
 
@@ -56,18 +57,9 @@ class RedisProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        args = [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1"]
-        args += ["--save", "", "--appendonly", "no", "--dir", str(self._tmp)]
-        args += ["--enable-debug-command", "local"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
+        self.proc = start_redis(
+            redis_binary(), self.port, self._tmp, "--enable-debug-command", "local"
+        )
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

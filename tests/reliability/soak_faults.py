@@ -8,7 +8,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from bench.server import Server, free_port
+from tests.redis_server import start_redis
 from tests.reliability.procs import owned
 from tests.reliability.replica_kill import KillRun, closed_loop
 
@@ -35,17 +35,7 @@ class Redis:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1"]
-        args += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir)]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
+        self.process = start_redis(self.binary, self.port, self.workdir)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
