@@ -7,8 +7,9 @@ model thread, so torch's thread count is the one the model will run with.
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -72,12 +73,21 @@ def apply_runtime(
 ) -> dict[str, Any]:
     """Set `model.forward` from `settings`; returns what was chosen and why (for info()),
     with `passes_in_flight`: how many passes the forward is built to run at once."""
-    report = _apply_runtime(model, device, settings, score_kind)
-    return {**report, **_apply_passes(model, device, settings, report["runtime"], score_kind)}
+    graph = model.graph()
+    # The weights' digest keys both kept choices; it reads every weight, so once at most.
+    digest = functools.cache(lambda: runtimes.graph_key(graph))
+    report = _apply_runtime(model, graph, digest, device, settings, score_kind)
+    passes = _apply_passes(model, graph, digest, device, settings, report["runtime"], score_kind)
+    return {**report, **passes}
 
 
 def _apply_runtime(
-    model: Runnable, device: str, settings: RuntimeSettings, score_kind: str
+    model: Runnable,
+    graph: torch.nn.Module,
+    digest: Callable[[], str],
+    device: str,
+    settings: RuntimeSettings,
+    score_kind: str,
 ) -> dict[str, Any]:
     name = settings.runtime
     if name == "torch":
@@ -88,7 +98,6 @@ def _apply_runtime(
                 "CPU); use dtype: auto, float32 or bfloat16"
             )
     cache_dir = settings.cache_dir or default_cache_dir()
-    graph = model.graph()
     if name != "auto":
         runtimes.check_available(name, device)
         # torch fp32 is what the model already runs. Another torch precision casts the
@@ -108,18 +117,16 @@ def _apply_runtime(
         logger.info("runtime %s: %s", name, report["reason"])
         return report
     agreement = runtime_choice.min_cosine if score_kind == "vector" else _scores_agree
-    sizes = sorted({int(s) for s in settings.batch_sizes if s > 0}) or [1]
+    sizes = _sizes(settings)
     candidates = [
         c
         for c in runtimes.auto_candidates(device)
         if not settings.fp32_only or c == runtime_choice.REFERENCE
     ]
 
-    digest = runtimes.graph_key(graph)
-
     def build(n: str) -> runtimes.Forward:
         return runtimes.build_forward(
-            n, graph, model.input_names, device, settings.threads, cache_dir, digest
+            n, graph, model.input_names, device, settings.threads, cache_dir, digest()
         )
 
     def measure() -> runtime_choice.Choice:
@@ -133,7 +140,7 @@ def _apply_runtime(
             rounds=settings.rounds,
         )
 
-    key = _key(graph, digest, score_kind, device, settings, sizes, candidates)
+    key = _key(graph, digest(), score_kind, device, settings, sizes, candidates)
     path = runtime_cache.cache_path(cache_dir, type(graph).__name__, key)
     model.forward, report = runtime_auto.keep_or_measure(
         key,
@@ -168,25 +175,38 @@ def _key(
     )
 
 
+def _sizes(settings: RuntimeSettings) -> list[int]:
+    return sorted({int(s) for s in settings.batch_sizes if s > 0}) or [1]
+
+
 def _apply_passes(
-    model: Runnable, device: str, settings: RuntimeSettings, runtime: str, score_kind: str
+    model: Runnable,
+    graph: torch.nn.Module,
+    digest: Callable[[], str],
+    device: str,
+    settings: RuntimeSettings,
+    runtime: str,
+    score_kind: str,
 ) -> dict[str, Any]:
     """Rebuilds `model.forward` for several passes at once where settings ask for it or
     `auto` measures it faster; kept on disk beside the runtime's choice."""
     wanted, threads = settings.passes, max(1, settings.threads)
+
+    def built_for(passes: int) -> runtimes.Forward:
+        return _forward_for(model, graph, digest, device, settings, runtime, passes)
+
     if wanted != "auto":
         passes = max(1, int(wanted))
         if passes > 1:
-            model.forward = _forward_for(model, device, settings, runtime, passes)
+            model.forward = built_for(passes)
         return {"passes_in_flight": passes, "passes_reason": "configured"}
     if device.startswith("cuda"):
         return {"passes_in_flight": 1, "passes_reason": "auto: one pass at a time on a GPU"}
     if threads < 2 or settings.fp32_only:
         why = "one thread" if threads < 2 else "memory_limit_mib is set"
         return {"passes_in_flight": 1, "passes_reason": f"auto: {why}"}
-    graph = model.graph()
-    sizes = sorted({int(s) for s in settings.batch_sizes if s > 0}) or [1]
-    key = _key(graph, runtimes.graph_key(graph), score_kind, device, settings, sizes, [runtime])
+    sizes = _sizes(settings)
+    key = _key(graph, digest(), score_kind, device, settings, sizes, [runtime])
     path = runtime_cache.cache_path(
         settings.cache_dir or default_cache_dir(), f"{type(graph).__name__}-passes", key
     )
@@ -195,9 +215,9 @@ def _apply_passes(
         kept_passes = kept.report.get("passes_in_flight") if kept is not None else None
         if kept is not None and isinstance(kept_passes, int) and kept_passes >= 1:
             if kept_passes > 1:
-                model.forward = _forward_for(model, device, settings, runtime, kept_passes)
+                model.forward = built_for(kept_passes)
             return {**kept.report, "passes_decided": "kept"}
-        side_by_side = _forward_for(model, device, settings, runtime, threads)
+        side_by_side = built_for(threads)
         choice = passes_choice.choose_passes(
             model.forward,
             side_by_side,
@@ -219,7 +239,13 @@ def _apply_passes(
 
 
 def _forward_for(
-    model: Runnable, device: str, settings: RuntimeSettings, runtime: str, passes: int
+    model: Runnable,
+    graph: torch.nn.Module,
+    digest: Callable[[], str],
+    device: str,
+    settings: RuntimeSettings,
+    runtime: str,
+    passes: int,
 ) -> runtimes.Forward:
     """The forward for `passes` at once: torch's is the model's own (each calling thread
     sets its thread count); the others are built with a stream per pass."""
@@ -228,11 +254,12 @@ def _forward_for(
     cache_dir = settings.cache_dir or default_cache_dir()
     return runtimes.build_forward(
         runtime,
-        model.graph(),
+        graph,
         model.input_names,
         device,
         settings.threads,
         cache_dir,
+        digest(),
         streams=passes,
     )
 
