@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from bench.texts import sentences
-from deployments.backends import runtimes
-from deployments.backends.runtime_choice import min_cosine
-from deployments.backends.sentence_embedder import SentenceEmbedder
+from deployments.backends.encoders.sentence_embedder import SentenceEmbedder
+from deployments.backends.runtimes import build as runtimes
+from deployments.backends.runtimes.choice import min_cosine
 from deployments.backends.sources import resolve_model_source
 
 

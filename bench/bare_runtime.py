@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from deployments.backends.runtime_select import RuntimeSettings, apply_runtime
-from deployments.backends.sentence_embedder import SentenceEmbedder
+from deployments.backends.encoders.sentence_embedder import SentenceEmbedder
+from deployments.backends.runtimes.select import RuntimeSettings, apply_runtime
 from deployments.backends.sources import resolve_model_source
 
 _WARMUP_BATCHES = 3

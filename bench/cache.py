@@ -35,7 +35,7 @@ from bench.server import Server, load_config, running_server
 from bench.texts import sentences
 from deployments.config import CacheConfig, EmbeddingModelConfig
 from deployments.core.protocol import EmbedJob, EmbedResult
-from deployments.ingress.item_cache import ItemCaches, cached_run
+from deployments.ingress.cache.item_cache import ItemCaches, cached_run
 
 MODEL = "all-MiniLM-L6-v2"
 DIM = 384

@@ -30,7 +30,6 @@ import copy
 import os
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,7 @@ from bench.loadgen import LoadResult, embedding_bodies, run_closed_loop
 from bench.server import ROOT, descendants, load_config, running_server
 from bench.texts import sentences
 from deployments.core.gc_policy import relax_collector
-from deployments.core.protocol import EmbedJob, EmbedResult
+from deployments.core.protocol import EmbedJob, EmbedResult, JobCall
 from deployments.http.server import HttpIngress
 
 MODEL = "all-MiniLM-L6-v2"
@@ -55,30 +54,23 @@ SETTLE_S = 10  # Ray keeps starting helper processes for a few seconds after hea
 
 
 class _InstantEmbedder:
-    """A deployment handle whose `embed_jobs` answers at once with unit vectors of the
-    real model's size, so the JSON encoding costs what it costs for MiniLM."""
+    """A deployment handle whose calls answer at once with unit vectors of the real
+    model's size, so the JSON encoding costs what it costs for MiniLM."""
 
     def __init__(self, dim: int = 384) -> None:
         self._vector = np.full(dim, 1 / np.sqrt(dim), dtype=np.float32)
-        self.embed_jobs = _Remote(self._embed_jobs)
 
-    async def _embed_jobs(
-        self, priority: str, jobs: list[EmbedJob], time_left: Any, spent: Any
-    ) -> list[EmbedResult]:
+    def remote(self, call: JobCall[EmbedJob]) -> Any:
+        """`handle.remote(call)`: the embedder's `__call__`."""
+        return asyncio.ensure_future(self._embed(call.jobs))
+
+    async def _embed(self, jobs: list[EmbedJob]) -> list[EmbedResult]:
         return [
             EmbedResult(
                 np.tile(self._vector, (len(job.texts or []), 1)), [9] * len(job.texts or [])
             )
             for job in jobs
         ]
-
-
-class _Remote:
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self._fn = fn
-
-    def remote(self, *args: Any) -> Any:
-        return asyncio.ensure_future(self._fn(*args))
 
 
 def _ingress_app(plain: bool) -> Any:

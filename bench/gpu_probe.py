@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from bench.texts import sentences
-from deployments.backends.sentence_embedder import SentenceEmbedder
+from deployments.backends.encoders.sentence_embedder import SentenceEmbedder
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 BATCHES = (1, 32, 256)
@@ -101,7 +101,7 @@ def out_of_memory(model_dir: Path, memory_fraction: float) -> dict[str, Any]:
 def runtime_choices(model_dir: Path) -> dict[str, Any]:
     """What `runtime: auto` and `runtime: torch` (dtype auto) pick on this GPU, with the
     reasons a replica would log and report in /v1/stats."""
-    from deployments.backends.runtime_select import RuntimeSettings, apply_runtime
+    from deployments.backends.runtimes.select import RuntimeSettings, apply_runtime
 
     chosen: dict[str, Any] = {}
     for runtime in ("auto", "torch"):

@@ -36,7 +36,7 @@ import torch
 from bench.loadgen import embedding_bodies, run_closed_loop
 from bench.server import ROOT, Server, load_config, running_server
 from bench.texts import sentences
-from deployments.backends.sentence_embedder import SentenceEmbedder
+from deployments.backends.encoders.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
 
 # (connections, texts per request): many single-text clients, and a few bulk ones.

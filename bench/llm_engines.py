@@ -17,9 +17,13 @@ import time
 import torch
 
 from bench.llm_workload import mixed_requests
-from deployments.backends.causal_lm import CausalLM, resolve_lm_source
-from deployments.backends.continuous import ContinuousEngine, ContinuousSettings, EngineOutput
-from deployments.backends.sampling import SamplingParams
+from deployments.backends.generation.causal_lm import CausalLM, resolve_lm_source
+from deployments.backends.generation.continuous import (
+    ContinuousEngine,
+    ContinuousSettings,
+    EngineOutput,
+)
+from deployments.backends.generation.sampling import SamplingParams
 
 GREEDY = SamplingParams(0.0)
 

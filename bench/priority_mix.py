@@ -31,7 +31,7 @@ from bench.loadgen import LoadResult, embedding_bodies, run_closed_loop
 from bench.open_loop import OpenLoopResult, run_open_loop
 from bench.server import Server, running_server
 from bench.texts import sentences
-from deployments.launch import DEFAULT_MODE
+from deployments.launch.main import DEFAULT_MODE
 
 MODEL = "all-MiniLM-L6-v2"
 CLASSES = ("realtime", "normal", "batch")

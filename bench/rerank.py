@@ -30,10 +30,10 @@ from bench.loadgen import LoadResult, run_closed_loop
 from bench.report import write_section
 from bench.server import ROOT, load_config, running_server
 from bench.texts import sentences
-from deployments.backends.pair_scorer import PairScorer
+from deployments.backends.encoders.pair_scorer import PairScorer
 from deployments.config import RerankModelConfig
-from deployments.launch import DEFAULT_MODE
-from deployments.replicas.reranker import load_scorer
+from deployments.launch.main import DEFAULT_MODE
+from deployments.replicas.batched.reranker import load_scorer
 
 BAR = 0.85
 SETTLE_S = 10

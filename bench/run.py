@@ -2,7 +2,7 @@
 mixed-priority scenario (bench/priority_mix.py), the reranker (bench/rerank.py) and the
 two generation engines (bench/llm.py).
 
-For each Serve mode (how HTTP reaches the ingress, see deployments/launch.py) the default
+For each Serve mode (how HTTP reaches the ingress, see deployments/launch/main.py) the default
 app is started as `make serve` starts it; then, for each scenario (64 connections x 1 text,
 8 connections x 32 texts), a few rounds of: the bare model's `encode` at batch 32 on the
 same texts with the server idle, then closed-loop load against the server. The replica's
@@ -35,7 +35,7 @@ from bench.priority_mix import render as render_priority
 from bench.report import write_section
 from bench.server import ROOT, Server, load_config, running_server
 from bench.texts import sentences
-from deployments.launch import DEFAULT_MODE, SERVE_MODES
+from deployments.launch.main import DEFAULT_MODE, SERVE_MODES
 
 MODEL = "all-MiniLM-L6-v2"
 SCENARIO_NAMES = ("embeddings", "priority", "rerank", "llm")
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--modes",
         default=",".join([DEFAULT_MODE, *sorted(set(SERVE_MODES) - {DEFAULT_MODE})]),
-        help="comma-separated Serve modes to compare (deployments/launch.py)",
+        help="comma-separated Serve modes to compare (deployments/launch/main.py)",
     )
     parser.add_argument(
         "--priority-rate", type=float, default=5.0, help="realtime requests/s (open loop)"

@@ -66,11 +66,12 @@ def running_server(
     mode: str | None = None,
     startup_timeout_s: float = 240,
     metrics_port: int | None = None,
+    root: Path = ROOT,
 ) -> Iterator[Server]:
     """Serves `config` on a free port; on exit stops it like Ctrl-C and raises if any
     process it started outlives that. Ray's metrics go to `metrics_port` (a restart test
-    reuses one), else to a free port."""
-    server = launch(config, workdir, ["--mode", mode] if mode else [], metrics_port)
+    reuses one), else to a free port. `root` is the checkout whose code serves."""
+    server = launch(config, workdir, ["--mode", mode] if mode else [], metrics_port, root=root)
     try:
         wait_until_healthy(server, startup_timeout_s)
         yield server
@@ -86,9 +87,10 @@ def launch(
     arguments: list[str],
     metrics_port: int | None = None,
     environment: dict[str, str] | None = None,
+    root: Path = ROOT,
 ) -> Server:
-    """Starts `python -m deployments.launch` on `config` with a free HTTP port, without
-    waiting; its output goes to workdir/serve.log."""
+    """Starts `python -m deployments.launch` of checkout `root` on `config` with a free
+    HTTP port, without waiting; its output goes to workdir/serve.log."""
     config = {**config, "http_options": {**config.get("http_options", {}), "port": free_port()}}
     config = with_batch_store(config, workdir / "batches")
     if metrics_port is None:
@@ -106,7 +108,7 @@ def launch(
                 f"--metrics-port={metrics_port}",
                 str(config_path),
             ],
-            cwd=ROOT,
+            cwd=root,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own group: a last-resort kill hits only it

@@ -23,7 +23,7 @@ from bench import bare_runtime
 from bench.loadgen import embedding_bodies, run_closed_loop
 from bench.server import ROOT, load_config, running_server
 from bench.texts import sentences
-from deployments.backends.sentence_embedder import SentenceEmbedder
+from deployments.backends.encoders.sentence_embedder import SentenceEmbedder
 
 MODEL = "all-MiniLM-L6-v2"
 

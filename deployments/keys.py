@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from deployments.core.keys import digest, new_key
+from deployments.core.access.keys import digest, new_key
 
 
 def main(argv: list[str] | None = None) -> None:

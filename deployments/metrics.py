@@ -20,8 +20,8 @@ from typing import Any
 import ray
 from ray.serve import metrics as serve_metrics
 
-from deployments.core.metric_buffer import BufferedRecorder
-from deployments.core.metrics import Kind, Series, TributaryMetrics
+from deployments.core.metrics.metric_buffer import BufferedRecorder
+from deployments.core.metrics.metrics import Kind, Series, TributaryMetrics
 
 logger = logging.getLogger("ray.serve")
 
@@ -87,7 +87,7 @@ def _make(series: Series) -> Any:
 
 def build_metrics() -> TributaryMetrics:
     """Ray's metrics inside a Ray worker, gathered and handed on once a second
-    (core/metric_buffer.py); outside one (tests with fake handles) the values go nowhere,
+    (core/metrics/metric_buffer.py); outside one (tests with fake handles) the values go nowhere,
     since Ray's metric objects need a running Ray."""
     if ray.is_initialized():
         return TributaryMetrics(BufferedRecorder(RayRecorder()))

@@ -7,9 +7,16 @@ source that is neither a package nor an existing directory is a configuration er
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 
 PACKAGE_PREFIX = "package:"
+
+
+def default_cache_dir() -> Path:
+    """Where built models, exported graphs and kept measurements live between runs."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "tributary"
 
 
 class ModelSourceError(ValueError):

@@ -189,7 +189,7 @@ def _with_maxconn(line: str, maxconn: int) -> str:
 def patched_path(original: str) -> Path:
     """Beside the original (Serve's config directory) when it is writable, so one file is
     rewritten at each reload; else a private temporary file (e.g. `-f /dev/stdin`), in the
-    launcher's instance directory (launch_paths.py) when there is one, so it goes with it."""
+    launcher's instance directory (launch/paths.py) when there is one, so it goes with it."""
     source = Path(original)
     if source.is_file() and os.access(source.parent, os.W_OK):
         return source.with_name(f"{source.stem}.tributary{source.suffix or '.cfg'}")

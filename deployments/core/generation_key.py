@@ -3,7 +3,7 @@
 Only greedy decoding is deterministic: a sampled completion is a draw, and answering the
 next identical request with the same draw would be wrong (with a seed it would be right,
 but only on the same engine, batch and build; not worth promising). Greedy is the engine's
-own definition, shared with `backends/sampling.py`: a temperature below
+own definition, shared with `backends/generation/sampling.py`: a temperature below
 `GREEDY_BELOW_TEMPERATURE` takes the argmax at every step, and top-p and the seed are
 never read.
 

@@ -8,14 +8,22 @@ from the request's arrival there), and gets back one outcome per job, in order. 
 cannot be served (too long, bad token ids, out of time) gets a `Rejection` without failing the
 other jobs of its call. Generation: one job per call; chunks stream back, or a `Rejection`
 instead of any.
+
+The batched replicas' methods are typed here too, on both sides: `BatchedModel` is what an
+embedder or reranker deployment class defines (app.py checks it), `BatchedHandle` what the
+ingress calls through Serve's handle to it. The one per-task entry is the deployment's
+`__call__`, reached as `handle.remote(call)` with a `JobCall`: no method name travels.
 """
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Generic, Literal, ParamSpec, Protocol, TypeVar
 
 import numpy as np
+
+from deployments.core.priority import Priority
 
 
 @dataclass(frozen=True)
@@ -133,3 +141,79 @@ class GenerationChunk:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: FinishReason | None = None
+
+
+# The batched replicas' calls.
+
+JobT = TypeVar("JobT")
+OutcomeT = TypeVar("OutcomeT")
+ResultT_co = TypeVar("ResultT_co", covariant=True)
+Params = ParamSpec("Params")
+
+
+class BatchJob(Protocol):
+    """What both sides read of a job of any batched task (EmbedJob, RerankJob)."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    @property
+    def request_id(self) -> str: ...
+
+    def __len__(self) -> int: ...  # the items it weighs in a queue
+
+
+@dataclass(frozen=True)
+class JobCall(Generic[JobT]):
+    """One call from the ingress to a batched replica: jobs of one priority class, and per
+    job the seconds left before its deadline (None: no deadline) and the seconds it has
+    already spent at the ingress. The replica answers one outcome per job, in order."""
+
+    priority: Priority
+    jobs: list[JobT]
+    time_left_s: list[float | None]
+    spent_s: list[float]
+
+
+class BatchedModel(Protocol[JobT, OutcomeT]):
+    """The methods of a batched replica's deployment class that the ingress calls."""
+
+    async def __call__(self, call: JobCall[JobT]) -> list[OutcomeT]: ...
+
+    def forget(self, job_ids: list[str]) -> int:
+        """Jobs whose client went away: dropped before the model computes them; returns
+        how many this replica still held."""
+        ...
+
+    def info(self) -> dict[str, Any]: ...  # the replica's figures for /v1/stats
+
+    def model_config(self) -> dict[str, Any]: ...  # what a version's own app serves
+
+
+class ReplicaResponse(Protocol[ResultT_co]):
+    """Serve's DeploymentResponse as the ingress uses it: awaited, or cancelled."""
+
+    def __await__(self) -> Generator[Any, None, ResultT_co]: ...
+
+    def cancel(self) -> None: ...
+
+
+class RemoteMethod(Protocol[Params, ResultT_co]):
+    """One method on Serve's handle: `handle.<method>.remote(...)`."""
+
+    def remote(
+        self, *args: Params.args, **kwargs: Params.kwargs
+    ) -> ReplicaResponse[ResultT_co]: ...
+
+
+class BatchedHandle(Protocol[JobT, OutcomeT]):
+    """Serve's DeploymentHandle to a batched replica, typed as `BatchedModel`'s methods: a
+    plain `remote` calls the deployment's `__call__`."""
+
+    def remote(self, call: JobCall[JobT]) -> ReplicaResponse[list[OutcomeT]]: ...
+
+    @property
+    def forget(self) -> RemoteMethod[[list[str]], int]: ...
+
+    @property
+    def info(self) -> RemoteMethod[[], dict[str, Any]]: ...

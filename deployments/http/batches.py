@@ -14,7 +14,7 @@ from deployments.http.openapi import REF_TEMPLATE, error_responses
 from deployments.ingress.batches.schemas import parse_limit
 
 if TYPE_CHECKING:
-    from deployments.core.access import Tenant
+    from deployments.core.access.access import Tenant
     from deployments.ingress.batches.service import BatchService
 
 # Room for the multipart envelope around the largest file.

@@ -11,12 +11,12 @@ from fastapi import Request
 from starlette.responses import Response
 
 from deployments.errors import InvalidRequest, PayloadTooLarge
-from deployments.ingress.embeddings import to_json
+from deployments.ingress.tasks.embeddings import to_json
 
 if TYPE_CHECKING:
-    from deployments.core.access import Tenant
+    from deployments.core.access.access import Tenant
+    from deployments.ingress.api.request_meta import RequestMeta
     from deployments.ingress.ingress import Ingress
-    from deployments.ingress.request_meta import RequestMeta
 
 
 def ingress_of(request: Request) -> Ingress:

@@ -1,6 +1,6 @@
 """The other embedding dialects: Cohere's /v1/embed and /v2/embed, text-embeddings-inference's
 /embed, its root route POST / (an embedding model's /embed) and GET /info. The dialect only
-changes parsing and the answer's shape (ingress/embed_dialects.py); the job, its admission
+changes parsing and the answer's shape (ingress/tasks/embed_dialects.py); the job, its admission
 and batching are those of /v1/embeddings."""
 
 from __future__ import annotations
@@ -10,17 +10,18 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
+from deployments.config import ModelBatching
 from deployments.http.common import ingress_of, json_response, read_call
 from deployments.http.openapi import error_responses, json_request_body
-from deployments.ingress.embed_dialects import EmbedDialect
-from deployments.ingress.embed_schemas import (
+from deployments.ingress.api.embed_schemas import (
     CohereEmbedRequest,
     CohereEmbedResponse,
     CohereEmbedV2Request,
     TeiEmbedRequest,
     TeiInfo,
 )
-from deployments.ingress.schemas import ErrorBody
+from deployments.ingress.api.schemas import ErrorBody
+from deployments.ingress.tasks.embed_dialects import EmbedDialect
 
 if TYPE_CHECKING:
     from deployments.config import EmbeddingModelConfig
@@ -57,7 +58,7 @@ def tei_info(model: EmbeddingModelConfig, replica: dict[str, Any]) -> dict[str, 
     """TEI's /info for the first embedding model, from its config and its replica's info()."""
     runtime = str(replica.get("runtime", ""))
     dtype = "float16" if "fp16" in runtime else "bfloat16" if "bf16" in runtime else "float32"
-    batching = model.batching.normal
+    batching = live_batching(model, replica).normal
     return {
         "model_id": model.name,
         "model_sha": None,
@@ -74,6 +75,15 @@ def tei_info(model: EmbeddingModelConfig, replica: dict[str, Any]) -> dict[str, 
         "sha": None,
         "docker_label": None,
     }
+
+
+def live_batching(model: EmbeddingModelConfig, replica: dict[str, Any]) -> ModelBatching:
+    """The model's batch knobs as its replica holds them (its `user_config`, changed in place
+    by `serve deploy`): the ingress's own copy of the config has none (`ingress_args` in
+    deployments/app.py), so its `batching` is the defaults. Only a replica that reports
+    none leaves the config's."""
+    reported = replica.get("batching")
+    return model.batching if reported is None else ModelBatching.model_validate(reported)
 
 
 def _route(

@@ -10,7 +10,7 @@ from starlette.responses import Response
 from deployments.http.common import json_response, read_call
 from deployments.http.embed_dialects import install_embed_dialect_routes
 from deployments.http.openapi import error_responses, json_request_body
-from deployments.ingress.schemas import EmbeddingRequest, EmbeddingResponse
+from deployments.ingress.api.schemas import EmbeddingRequest, EmbeddingResponse
 
 if TYPE_CHECKING:
     from deployments.ingress.ingress import Ingress

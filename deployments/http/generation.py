@@ -9,7 +9,7 @@ from starlette.responses import Response, StreamingResponse
 
 from deployments.http.common import json_response, read_call
 from deployments.http.openapi import error_responses, json_request_body
-from deployments.ingress.generation_schemas import ChatCompletionRequest, CompletionRequest
+from deployments.ingress.api.generation_schemas import ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
     from deployments.ingress.ingress import Ingress

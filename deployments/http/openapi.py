@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from deployments.ingress.schemas import ErrorBody
+from deployments.ingress.api.schemas import ErrorBody
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 

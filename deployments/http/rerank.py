@@ -10,7 +10,7 @@ from starlette.responses import Response
 
 from deployments.http.common import json_response, read_call
 from deployments.http.openapi import error_responses, json_request_body
-from deployments.ingress.rerank_schemas import (
+from deployments.ingress.api.rerank_schemas import (
     Dialect,
     RerankRequest,
     RerankResponse,

@@ -32,14 +32,14 @@ from deployments.http.hot_routes import HotRouteFront
 from deployments.http.openapi import install_openapi
 from deployments.http.rerank import install_rerank_routes
 from deployments.http.service import install_service_routes
+from deployments.ingress.api.generation_schemas import ChatCompletionRequest, CompletionRequest
+from deployments.ingress.api.rerank_schemas import RerankRequest, TeiRerankRequest
+from deployments.ingress.api.schemas import EmbeddingRequest
 from deployments.ingress.batches.line_runner import IngressLines
 from deployments.ingress.batches.schemas import CreateBatchRequest
 from deployments.ingress.batches.service import BatchService
 from deployments.ingress.batches.stores import build_store
-from deployments.ingress.generation_schemas import ChatCompletionRequest, CompletionRequest
 from deployments.ingress.ingress import Ingress
-from deployments.ingress.rerank_schemas import RerankRequest, TeiRerankRequest
-from deployments.ingress.schemas import EmbeddingRequest
 
 logger = logging.getLogger("ray.serve")
 

@@ -11,7 +11,7 @@ from starlette.responses import Response
 from deployments.errors import TributaryError
 from deployments.http.batches import batch_summary
 from deployments.http.common import ingress_of, json_response
-from deployments.ingress.schemas import ErrorBody, ModelList
+from deployments.ingress.api.schemas import ErrorBody, ModelList
 
 
 def install_service_routes(app: FastAPI) -> None:

@@ -24,10 +24,10 @@ from deployments.config import (
     GenerationModelConfig,
     RerankModelConfig,
 )
-from deployments.core.access import AccessDenied, Tenant, estimate_tokens
+from deployments.core.access.access import AccessDenied, Tenant, estimate_tokens
+from deployments.core.admission.held_requests import HeldRequests
 from deployments.core.gc_policy import relax_collector
-from deployments.core.held_requests import HeldRequests
-from deployments.core.metrics import TributaryMetrics
+from deployments.core.metrics.metrics import TributaryMetrics
 from deployments.core.priority import Priority
 from deployments.core.protocol import (
     EmbedJob,
@@ -35,7 +35,7 @@ from deployments.core.protocol import (
     GenerationJob,
     Rejection,
 )
-from deployments.core.traffic import split_pin
+from deployments.core.rollout.traffic import split_pin
 from deployments.errors import (
     Forbidden,
     InvalidRequest,
@@ -46,10 +46,30 @@ from deployments.errors import (
     Unauthorized,
     rejection_error,
 )
-from deployments.ingress.catalog import Catalog, replica_watch_for, version_key
-from deployments.ingress.embed_dialects import EmbedDialect, find_model, parse_embed_call
-from deployments.ingress.embeddings import embedding_token_estimate
-from deployments.ingress.generation import (
+from deployments.ingress.access.tenants import build_access_control
+from deployments.ingress.api.generation_schemas import parse_generation_request
+from deployments.ingress.api.request_meta import RequestMeta, choose_priority, read_meta
+from deployments.ingress.api.rerank_schemas import Dialect, parse_rerank_request
+from deployments.ingress.cache.generation_cache import (
+    cached_completion,
+    stream_answer,
+    whole_answer,
+)
+from deployments.ingress.cache.item_cache import ItemCaches, cached_run, with_cached_inputs
+from deployments.ingress.calls.model_client import ModelClient, overloaded
+from deployments.ingress.calls.observe import RequestObserver, note_request, observed
+from deployments.ingress.rollout.catalog import Catalog, replica_watch_for, version_key
+from deployments.ingress.rollout.versions import Version
+from deployments.ingress.status.readiness import engines_problem, serve_readiness
+from deployments.ingress.status.stats_gather import gather_stats
+from deployments.ingress.tasks.embed_dialects import (
+    EmbedDialect,
+    find_model,
+    parse_embed_call,
+    refuse_wider_than_model,
+)
+from deployments.ingress.tasks.embeddings import embedding_token_estimate
+from deployments.ingress.tasks.generation import (
     GenerationCall,
     LiveGeneration,
     Reply,
@@ -57,24 +77,13 @@ from deployments.ingress.generation import (
     collect,
     timeout_for,
 )
-from deployments.ingress.generation_cache import cached_completion, stream_answer, whole_answer
-from deployments.ingress.generation_schemas import parse_generation_request
-from deployments.ingress.item_cache import ItemCaches, cached_run, with_cached_inputs
-from deployments.ingress.model_client import ModelClient, overloaded
-from deployments.ingress.observe import RequestObserver, note_request, observed
-from deployments.ingress.readiness import engines_problem, serve_readiness
-from deployments.ingress.request_meta import RequestMeta, choose_priority, read_meta
-from deployments.ingress.rerank import rerank_job, rerank_response, rerank_token_estimate
-from deployments.ingress.rerank_schemas import Dialect, parse_rerank_request
-from deployments.ingress.shadow import (
+from deployments.ingress.tasks.rerank import rerank_job, rerank_response, rerank_token_estimate
+from deployments.ingress.tasks.shadow import (
     SHADOW_TIMEOUT_S,
     ShadowCopies,
     compare_embeddings,
     compare_rerank,
 )
-from deployments.ingress.stats_gather import gather_stats
-from deployments.ingress.tenants import build_access_control
-from deployments.ingress.versions import Version
 from deployments.metrics import build_metrics
 
 T = TypeVar("T")
@@ -136,14 +145,12 @@ class Ingress:
             version.handle = handle
             version.watch = replica_watch_for(name or "model", version, handle)
             return
-        method = "embed_jobs" if task == "embedding" else "rerank_jobs"
         batching = getattr(version.config, "batching", None)
         version.client = ModelClient(
             name or "model",
             handle,
             ingress.admission,
             ingress.max_group_items,
-            method=method,
             metrics=self.observer.metrics,
             model_targets_ms=None
             if batching is None
@@ -151,7 +158,7 @@ class Ingress:
         )
 
     async def reconfigure(self, user_config: dict[str, Any] | None) -> None:
-        """The traffic policy (config_traffic.py): Serve calls this at start and on every
+        """The traffic policy (config/traffic.py): Serve calls this at start and on every
         `serve deploy` that changes it, with no restart."""
         self.catalog.apply(user_config)
         for name, table in self.catalog.tables.items():
@@ -239,6 +246,7 @@ class Ingress:
         version = pick(model.name)
         priority = self._admit(model, version, call.priority, meta, tenant)
         job = call.job(model, meta.request_id)
+        await refuse_wider_than_model(call, version.client)
         outcome, hits = await self._run_cached(
             version, priority, job, embedding_token_estimate, meta, tenant
         )
@@ -282,7 +290,7 @@ class Ingress:
     async def generate(
         self, body: bytes, meta: RequestMeta, tenant: Tenant | None, chat: bool
     ) -> Answer:
-        """/v1/chat/completions (chat) and /v1/completions (ingress/generation.py)."""
+        """/v1/chat/completions (chat) and /v1/completions (ingress/tasks/generation.py)."""
         request = parse_generation_request(body, chat)
         name, pick = self._route(request.model, meta, tenant, request.user)
         model = self.catalog.of_task("generation").get(name or "")
@@ -364,7 +372,7 @@ class Ingress:
         meta: RequestMeta,
         tenant: Tenant | None,
     ) -> tuple[Any, int | None]:
-        """The job through the result cache (ingress/item_cache.py): only its misses run,
+        """The job through the result cache (ingress/cache/item_cache.py): only its misses run,
         keyed by the version that serves them; also how many inputs hit."""
         name = version.config.name
         return await cached_run(
@@ -478,7 +486,7 @@ def _http_host() -> str | None:
         return None
 
 
-def _client_of(version: Version) -> ModelClient:
+def _client_of(version: Version) -> ModelClient[Any, Any]:
     assert version.client is not None  # embed and rerank versions always have one
     return version.client
 

@@ -1,5 +1,5 @@
 """What a replica's device holds and what one forward pass takes from it: the measurements
-behind the warm-up probe (`core/token_ceiling.py`) and the device figures of /v1/stats.
+behind the warm-up probe (`core/memory/token_ceiling.py`) and the device figures of /v1/stats.
 
 On CUDA torch counts its own allocations exactly: a pass's cost is its peak allocation
 (`max_memory_allocated` after `reset_peak_memory_stats`) above what was allocated before it,
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from deployments.core.token_ceiling import TokenCeiling, gpu_allowance, probe_ceiling
+from deployments.core.memory.token_ceiling import TokenCeiling, gpu_allowance, probe_ceiling
 from deployments.replicas.memory import is_memory_fault, release_cached_memory
 
 logger = logging.getLogger("ray.serve")

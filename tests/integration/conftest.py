@@ -10,8 +10,8 @@ import httpx
 import numpy as np
 import pytest
 
-from deployments.core.metrics import MemoryRecorder, TributaryMetrics
-from deployments.core.protocol import EmbedJob, EmbedOutcome, EmbedResult, Rejection
+from deployments.core.metrics.metrics import MemoryRecorder, TributaryMetrics
+from deployments.core.protocol import EmbedJob, EmbedOutcome, EmbedResult, JobCall, Rejection
 from deployments.http.server import HttpIngress as Ingress
 
 DIM = 8
@@ -24,7 +24,7 @@ def fake_vector(text: str) -> np.ndarray:
 
 
 class _Method:
-    """`handle.method.remote(...)`: a task, awaitable and cancellable like Serve's
+    """`handle.<method>.remote(...)`: a task, awaitable and cancellable like Serve's
     DeploymentResponse."""
 
     def __init__(self, fn: Any) -> None:
@@ -46,23 +46,24 @@ class FakeEmbedder:
         self.cancelled_calls = 0
         self.fail: Exception | None = None
         self.reject: Rejection | None = None
+        # The batch knobs the deployment was given as its user_config, reported by info().
+        self.batching: dict[str, Any] | None = None
+        self.info_calls = 0
         self.gate = asyncio.Event()
         self.gate.set()
-        self.embed_jobs = _Method(self._embed_jobs)
         self.forget = _Method(self._forget)
         self.info = _Method(self._info)
 
-    async def _embed_jobs(
-        self,
-        priority: str,
-        jobs: list[EmbedJob],
-        time_left: list[float | None],
-        spent: list[float],
-    ) -> list[EmbedOutcome]:
+    def remote(self, call: JobCall[EmbedJob]) -> Any:
+        """`handle.remote(call)`: the embedder's `__call__`."""
+        return asyncio.ensure_future(self._embed(call))
+
+    async def _embed(self, call: JobCall[EmbedJob]) -> list[EmbedOutcome]:
+        jobs = call.jobs
         self.calls.append(jobs)
-        self.priorities.append(priority)
-        self.time_left.append(time_left)
-        self.spent.append(spent)
+        self.priorities.append(call.priority.label)
+        self.time_left.append(call.time_left_s)
+        self.spent.append(call.spent_s)
         try:
             await self.gate.wait()
         except asyncio.CancelledError:
@@ -85,7 +86,12 @@ class FakeEmbedder:
         )
 
     async def _info(self) -> dict[str, Any]:
-        return {"batches": len(self.calls), "items": 0, "mean_batch_size": 0.0}
+        info: dict[str, Any] = {"batches": len(self.calls), "items": 0, "mean_batch_size": 0.0}
+        info["dimension"] = DIM  # the width of its vectors, as a real replica reports it
+        self.info_calls += 1
+        if self.batching is not None:
+            info["batching"] = self.batching
+        return info
 
 
 def class_admission(max_queued_items: int, shed: int | None, timeout_s: float) -> dict:

@@ -11,8 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from deployments.config import AppConfig
-from deployments.core.keys import digest
-from deployments.ingress.tenants import KeySourceError, build_access_control
+from deployments.core.access.keys import digest
+from deployments.ingress.access.tenants import KeySourceError, build_access_control
 from tests.integration.conftest import CONFIG, Harness
 from tests.integration.test_embeddings_route import assert_error
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from deployments.core.batch_job_records import BatchRecord
+from deployments.core.batch_jobs.records import BatchRecord
 from deployments.ingress.batches.redis_store import RedisBatchStore
 from tests.integration.test_result_cache_redis import RedisProcess, redis_server
 from tests.unit.batch_support import new_batch

@@ -14,7 +14,7 @@ import openai
 import orjson
 import pytest
 
-from deployments.core.keys import digest
+from deployments.core.access.keys import digest
 from tests.integration.conftest import CONFIG, Harness
 
 MODEL = "fake-embedder"

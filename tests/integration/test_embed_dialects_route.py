@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 from sentence_transformers.util.quantization import quantize_embeddings
 
+from deployments.app import ingress_args
+from deployments.config import AppConfig, ModelBatching
 from deployments.core.protocol import EmbedJob
-from deployments.ingress.rerank_schemas import parse_rerank_request
-from tests.integration.conftest import DIM, Harness, fake_vector
+from deployments.ingress.api.rerank_schemas import parse_rerank_request
+from tests.integration.conftest import CONFIG, DIM, Harness, fake_vector
 from tests.integration.test_embeddings_route import assert_error
 
 MODEL = "fake-embedder"
@@ -177,6 +179,26 @@ async def test_tei_info_names_the_model_and_its_limits(client: httpx.AsyncClient
     assert info["max_client_batch_size"] == 10
     assert "embedding" in info["model_type"]
     assert info["model_dtype"] == "float32" and info["auto_truncate"] is True
+
+
+async def test_tei_info_reports_the_models_own_batching_not_the_defaults() -> None:
+    model = {
+        **CONFIG["embedding_models"][0],
+        "batching": {"normal": {"max_batch_size": 48, "max_batch_tokens": 3000}},
+        "deployment": {"max_ongoing_requests": 17},
+    }
+    config = AppConfig.model_validate({**CONFIG, "embedding_models": [model]})
+    # Built as build_app builds it: the ingress's copy of the config has no batching, and
+    # the replica holds the knobs it was deployed with.
+    harness = Harness(ingress_args(config))
+    harness.embedder.batching = config.embedding_models[0].batching.model_dump()
+    transport = httpx.ASGITransport(app=harness.app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://ingress") as client:
+        info = (await client.get("/info")).json()
+    defaults = ModelBatching().normal
+    assert (defaults.max_batch_tokens, defaults.max_batch_size) != (3000, 48)
+    assert info["max_batch_tokens"] == 3000 and info["max_batch_requests"] == 48
+    assert info["max_client_batch_size"] == 10 and info["max_concurrent_requests"] == 17
 
 
 async def test_tei_rerank_takes_its_truncation_direction(client: httpx.AsyncClient) -> None:

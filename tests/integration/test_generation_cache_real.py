@@ -15,7 +15,7 @@ import pytest
 
 from deployments.core.protocol import GenerationChunk, GenerationJob
 from deployments.http.server import HttpIngress as Ingress
-from deployments.replicas.generator import Generator
+from deployments.replicas.generation.generator import Generator
 from tests.integration.conftest import CONFIG, FakeEmbedder
 
 MODEL = "tiny-llama-cached"

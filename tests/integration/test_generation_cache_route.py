@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import orjson
 
-from deployments.core.metrics import CACHE_LOOKUPS, MemoryRecorder, TributaryMetrics
+from deployments.core.metrics.metrics import CACHE_LOOKUPS, MemoryRecorder, TributaryMetrics
 from deployments.core.protocol import GenerationChunk
 from deployments.http.server import HttpIngress as Ingress
 from tests.integration.conftest import CONFIG, FakeEmbedder

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from deployments.core.metrics import SHADOW_AGREEMENT, MemoryRecorder, TributaryMetrics
+from deployments.core.metrics.metrics import SHADOW_AGREEMENT, MemoryRecorder, TributaryMetrics
 from deployments.core.protocol import GenerationChunk
 from deployments.http.server import HttpIngress as Ingress
 from tests.integration.conftest import CONFIG, FakeEmbedder

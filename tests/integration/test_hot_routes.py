@@ -11,7 +11,7 @@ import httpx
 import orjson
 import pytest
 
-from deployments.core.keys import digest
+from deployments.core.access.keys import digest
 from deployments.http.hot_routes import HOT_PATHS, HotRouteFront
 from tests.integration.full_app import EMBEDDER, FullApp
 from tests.integration.test_rerank_route import RERANK

@@ -9,7 +9,7 @@ import copy
 import httpx
 import pytest
 
-from deployments.core.wait_predictor import WaitPredictor
+from deployments.core.admission.wait_predictor import WaitPredictor
 from tests.integration.conftest import CONFIG, Harness
 from tests.integration.test_embeddings_route import assert_error
 from tests.integration.test_priorities import MODEL, post, settle

@@ -7,7 +7,7 @@ import asyncio
 
 import httpx
 
-from deployments.core.metrics import QUEUE_DEPTH, REJECTIONS, REQUEST_LATENCY, REQUESTS
+from deployments.core.metrics.metrics import QUEUE_DEPTH, REJECTIONS, REQUEST_LATENCY, REQUESTS
 from tests.integration.conftest import Harness
 from tests.integration.test_priorities import MODEL, post, settle
 

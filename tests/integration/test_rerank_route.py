@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from deployments.core.protocol import RerankJob, RerankOutcome, RerankResult
+from deployments.core.protocol import JobCall, RerankJob, RerankOutcome, RerankResult
 from deployments.core.relevance import to_relevance
 from deployments.http.server import HttpIngress as Ingress
 from tests.integration.conftest import CONFIG, FakeEmbedder, _Method
@@ -26,17 +26,14 @@ class FakeReranker:
 
     def __init__(self) -> None:
         self.calls: list[list[RerankJob]] = []
-        self.rerank_jobs = _Method(self._rerank_jobs)
         self.forget = _Method(self._forget)
         self.info = _Method(self._info)
 
-    async def _rerank_jobs(
-        self,
-        priority: str,
-        jobs: list[RerankJob],
-        time_left: list[float | None],
-        spent: list[float],
-    ) -> list[RerankOutcome]:
+    def remote(self, call: JobCall[RerankJob]) -> Any:
+        """`handle.remote(call)`: the reranker's `__call__`."""
+        return asyncio.ensure_future(self._rerank(call.jobs))
+
+    async def _rerank(self, jobs: list[RerankJob]) -> list[RerankOutcome]:
         self.calls.append(jobs)
         await asyncio.sleep(0.01)
         return [self._result(job) for job in jobs]

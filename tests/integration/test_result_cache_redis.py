@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deployments.backends.sentence_embedder import SentenceEmbedder
+from deployments.backends.encoders.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
 from deployments.config import CacheConfig, EmbeddingModelConfig
-from deployments.core.model_cache import ModelCache
+from deployments.core.cache.model_cache import ModelCache
 from deployments.core.protocol import EmbedJob, EmbedResult
-from deployments.ingress.item_cache import ItemCaches, cached_run
-from deployments.ingress.redis_store import RedisStore
+from deployments.ingress.cache.item_cache import ItemCaches, cached_run
+from deployments.ingress.cache.redis_store import RedisStore
 from tests.integration.test_generation_cache_route import GREEDY, App, events_of
 from tests.integration.test_generation_route import MODEL as LLM
 from tests.integration.test_generation_route import client_of

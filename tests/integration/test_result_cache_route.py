@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 
 from deployments.config import CacheConfig, EmbeddingModelConfig
-from deployments.core.access import Tenant
-from deployments.core.metrics import CACHE_BYTES, CACHE_EVICTIONS, CACHE_LOOKUPS
+from deployments.core.access.access import Tenant
+from deployments.core.cache.result_cache import MemoryStore
+from deployments.core.metrics.metrics import CACHE_BYTES, CACHE_EVICTIONS, CACHE_LOOKUPS
 from deployments.core.priority import Priority
 from deployments.core.protocol import EmbedJob, EmbedResult, Rejection
-from deployments.core.result_cache import MemoryStore
 from deployments.http.server import HttpIngress as Ingress
-from deployments.ingress.item_cache import ItemCaches, cached_run
+from deployments.ingress.cache.item_cache import ItemCaches, cached_run
 from tests.integration.conftest import CONFIG, FakeEmbedder, Harness
 from tests.integration.test_rerank_route import DOCS, QUERY, RERANK, FakeReranker, rerank_config
 

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from deployments.errors import InvalidRequest
-from deployments.ingress.generation_schemas import parse_generation_request
+from deployments.ingress.api.generation_schemas import parse_generation_request
 from tests.integration.conftest import CONFIG, Harness
 from tests.integration.test_embeddings_route import assert_error
 

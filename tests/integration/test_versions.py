@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from deployments.core.metrics import SHADOW_AGREEMENT, MemoryRecorder, TributaryMetrics
+from deployments.core.metrics.metrics import SHADOW_AGREEMENT, MemoryRecorder, TributaryMetrics
 from deployments.core.protocol import EmbedJob, EmbedResult
 from deployments.http.server import HttpIngress as Ingress
 from tests.integration.conftest import CONFIG, FakeEmbedder, _Method
@@ -37,7 +37,7 @@ class VersionApp:
 
     def __init__(self, embedder: FakeEmbedder, config: dict[str, Any]) -> None:
         self.embedder = embedder
-        self.embed_jobs = embedder.embed_jobs
+        self.remote = embedder.remote
         self.forget = embedder.forget
         self.info = embedder.info
 

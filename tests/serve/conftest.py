@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bench.server import Server, load_config, running_server
-from deployments.core.keys import digest
+from deployments.core.access.keys import digest
 from tests.tiny_models import build_tiny_cross_encoder
 
 MODEL = "all-MiniLM-L6-v2"

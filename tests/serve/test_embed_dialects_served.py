@@ -15,7 +15,15 @@ import pytest
 from huggingface_hub import InferenceClient
 from sentence_transformers.util.quantization import quantize_embeddings
 
-from tests.serve.conftest import ADMIN_KEY, AUTH, MODEL, RERANK_MODEL, STRICT_MODEL, Server
+from tests.serve.conftest import (
+    ADMIN_KEY,
+    AUTH,
+    MODEL,
+    RERANK_MODEL,
+    STRICT_MODEL,
+    Server,
+    serve_test_config,
+)
 
 TEXTS = [
     "Paris is the capital of France.",
@@ -119,6 +127,11 @@ def test_tei_embed_info_and_rerank_direction_over_http(server: Server) -> None:
     info = httpx.get(f"{server.url}/info", timeout=30).json()
     assert info["model_id"] == MODEL and info["max_input_length"] == 256
     assert info["model_type"] == {"embedding": {"pooling": "mean"}}
+    # The model's own batch knobs (not the defaults), which its replica holds.
+    models = serve_test_config()["applications"][0]["args"]["embedding_models"]
+    normal = next(m for m in models if m["name"] == MODEL)["batching"]["normal"]
+    assert info["max_batch_tokens"] == normal["max_batch_tokens"]
+    assert info["max_batch_requests"] == normal["max_batch_size"]
     rerank = {
         "query": "capital of France",
         "texts": TEXTS,

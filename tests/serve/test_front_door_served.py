@@ -41,7 +41,7 @@ def test_serves_haproxy_runs_the_patched_config_without_splicing(server: Server)
 def test_haproxys_files_are_the_instances_own(server: Server) -> None:
     (argv, *_) = haproxy_commands(server)
     config = Path(argv[argv.index("-f") + 1])
-    # <user dir>/<instance>/<node id>/haproxy.tributary.cfg (deployments/launch_paths.py)
+    # <user dir>/<instance>/<node id>/haproxy.tributary.cfg (deployments/launch/paths.py)
     instance, user_dir = config.parents[1], config.parents[2]
     assert user_dir.name == f"tributary-{os.geteuid()}", config
     for directory in (instance, user_dir):

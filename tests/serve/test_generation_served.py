@@ -15,8 +15,8 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from bench.server import Server, descendants, load_config
-from deployments.backends.causal_lm import CausalLM, resolve_lm_source
-from deployments.backends.sampling import SamplingParams
+from deployments.backends.generation.causal_lm import CausalLM, resolve_lm_source
+from deployments.backends.generation.sampling import SamplingParams
 from tests.serve.conftest import ADMIN_KEY, AUTH, STATIC_LLM
 
 MODEL = "tiny-llama-demo"
@@ -192,8 +192,8 @@ def test_unknown_generation_model_is_404(server: Server) -> None:
 
 
 def test_static_engine_answers_whole_and_streamed_like_the_backend(client: OpenAI) -> None:
-    # Serve's @serve.batch streaming path (deployments/replicas/static_engine.py) end to end: both
-    # forms give the backend's greedy tokens, their count and the finish reason.
+    # Serve's @serve.batch streaming path (deployments/replicas/generation/static_engine.py) end
+    # to end: both forms give the backend's greedy tokens, their count and the finish reason.
     prompt = "the river runs past the old mill"
     lm = CausalLM(resolve_lm_source(_source()))
     expected = lm.generate([lm.prompt_ids(prompt)], [10], [SamplingParams(0.0)])[0]

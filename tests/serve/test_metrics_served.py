@@ -14,7 +14,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from deployments.core.metrics import SERIES
+from deployments.core.metrics.metrics import SERIES
 from deployments.metrics import RAY_SERIES_CPU
 from tests.serve.conftest import (
     AUTH,
@@ -144,7 +144,7 @@ def test_batches_queue_waits_and_queue_depth_per_model_and_class(
 
     def recorded(samples: list[Sample]) -> bool:
         # Batches of 2-text requests: they computed at least the inputs sent. Every
-        # replica hands its values on by itself (core/metric_buffer.py): wait for each.
+        # replica hands its values on by itself (core/metrics/metric_buffer.py): wait for each.
         busy = total(samples, "ray_tributary_model_busy_seconds_total", **replica)
         return (
             busy > 0

@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from deployments.backends.cross_encoder import CrossEncoderScorer
+from deployments.backends.encoders.cross_encoder import CrossEncoderScorer
 from deployments.core.relevance import to_relevance
 from tests.serve.conftest import AUTH, CROSS_MODEL, RERANK_MODEL, Server
 

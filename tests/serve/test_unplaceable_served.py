@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from bench.server import Server, alive, descendants, launch, load_config
-from deployments import launch as launch_module
-from deployments.launch_paths import INSTANCE_DIR_VARIABLE
-from deployments.launch_placement import EXIT_UNPLACEABLE
+from deployments.launch import main as launch_module
+from deployments.launch.paths import INSTANCE_DIR_VARIABLE
+from deployments.launch.placement import EXIT_UNPLACEABLE
 
 # Every replica of the test config asks for more than the whole machine: none is placed,
 # so nothing loads a model and the run stays short.

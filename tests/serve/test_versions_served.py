@@ -30,7 +30,7 @@ from bench.rollout import (
     with_policy,
 )
 from bench.server import Server, deploy, running_server
-from deployments.core.traffic import choose_version
+from deployments.core.rollout.traffic import choose_version
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from deployments.config import BatchesConfig
-from deployments.core.batch_job_records import BatchRecord, FileRecord
+from deployments.core.batch_jobs.records import BatchRecord, FileRecord
 from deployments.ingress.batches.dispatcher import LineAnswer
 from deployments.ingress.batches.store import BatchStore
 

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from deployments.core.coalescer import Coalescer
+from deployments.core.admission.coalescer import Coalescer
 
 
 class FakeModel:

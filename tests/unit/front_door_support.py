@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from deployments import launch
+from deployments.launch import main as launch
 
 ROOT = Path(__file__).resolve().parents[2]
 ERRORS = ROOT / "deployments" / "static" / "errors"

@@ -11,9 +11,9 @@ import sys
 import numpy as np
 import torch
 
-from deployments.backends.sentence_embedder import SentenceEmbedder
+from deployments.backends.encoders.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
-from deployments.core.split_retry import run_split
+from deployments.core.memory.split_retry import run_split
 from deployments.replicas.memory import apply_memory_limit, is_memory_fault
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from deployments.core.admission import Admission, ClassLimits
+from deployments.core.admission.admission import Admission, ClassLimits
 from deployments.core.priority import Priority
 
 RT, NORMAL, BATCH = Priority.REALTIME, Priority.NORMAL, Priority.BATCH

@@ -1,6 +1,6 @@
 from dataclasses import dataclass
 
-from deployments.core.batch_budget import BatchBudget, budget_size
+from deployments.core.batching.batch_budget import BatchBudget, budget_size
 
 
 @dataclass

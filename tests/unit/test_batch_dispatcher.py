@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from deployments.core.metric_series import BATCH_JOB_LINES
-from deployments.core.metrics import MemoryRecorder, TributaryMetrics
+from deployments.core.metrics.metric_series import BATCH_JOB_LINES
+from deployments.core.metrics.metrics import MemoryRecorder, TributaryMetrics
 from deployments.ingress.batches.dispatcher import Dispatcher
 from deployments.ingress.batches.sqlite_store import SqliteStore
 from tests.unit.batch_support import (

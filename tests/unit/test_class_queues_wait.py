@@ -5,11 +5,11 @@ import asyncio
 
 import pytest
 
-from deployments.core.admission import ClassLimits
-from deployments.core.busy_rate import BusyRate
-from deployments.core.class_queues import ClassQueues, ClassSettings, Refused
+from deployments.core.admission.admission import ClassLimits
+from deployments.core.admission.busy_rate import BusyRate
+from deployments.core.admission.class_queues import ClassQueues, ClassSettings, Refused
+from deployments.core.admission.wait_predictor import WaitPredictor
 from deployments.core.priority import Priority
-from deployments.core.wait_predictor import WaitPredictor
 from tests.fakes import Clock
 
 RT, NORMAL, BATCH = Priority.REALTIME, Priority.NORMAL, Priority.BATCH

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from deployments.core.coalescer import Coalescer
+from deployments.core.admission.coalescer import Coalescer
 from tests.unit.coalescer_support import (
     FakeModel,
     assert_drained,

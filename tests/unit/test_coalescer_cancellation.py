@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from deployments.core.coalescer import CoalescerStats, DeadlineExpired
+from deployments.core.admission.coalescer import CoalescerStats, DeadlineExpired
 from tests.unit.coalescer_support import (
     FakeModel,
     LoopClock,

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from deployments.core.coalescer import Coalescer, DeadlineExpired
+from deployments.core.admission.coalescer import Coalescer, DeadlineExpired
 from tests.unit.coalescer_support import (
     FakeModel,
     LoopClock,

@@ -20,7 +20,7 @@ def imported_roots(path: Path) -> set[str]:
 
 def test_core_imports_neither_ray_nor_http_nor_torch() -> None:
     core_dir = Path(deployments.core.__file__).parent
-    files = sorted(core_dir.glob("*.py"))
+    files = sorted(core_dir.rglob("*.py"))
     assert len(files) > 3
     offenders = {f.name: imported_roots(f) & FORBIDDEN for f in files}
     assert {name: bad for name, bad in offenders.items() if bad} == {}

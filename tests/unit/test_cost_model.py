@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from deployments.core.arrival_rate import ArrivalRate
-from deployments.core.cost_model import MIN_SAMPLES, CostFit, CostModel, fit
+from deployments.core.batching.arrival_rate import ArrivalRate
+from deployments.core.batching.cost_model import MIN_SAMPLES, CostFit, CostModel, fit
 from tests.fakes import Clock
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployments.core.metrics import SERIES
+from deployments.core.metrics.metrics import SERIES
 from deployments.metrics import RAY_SERIES
 
 ROOT = Path(__file__).resolve().parents[2]

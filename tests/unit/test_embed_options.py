@@ -4,7 +4,7 @@ with the real MiniLM and a plain batcher in place of Serve's."""
 import numpy as np
 import pytest
 
-from deployments.backends.sentence_embedder import SentenceEmbedder
+from deployments.backends.encoders.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
 from deployments.core.protocol import EmbedJob, EmbedResult, Rejection
 from tests.unit.test_embed_task import MODEL, Batcher, worker

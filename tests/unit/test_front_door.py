@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from deployments import launch
+from deployments.launch import main as launch
 from tests.unit.front_door_support import (
     ERRORS,
     exchange,
@@ -93,7 +93,7 @@ def test_a_config_it_cannot_patch_in_place_is_copied_into_the_instances_director
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """E.g. `-f /dev/stdin`: the copy goes where the launcher's instance keeps its files
-    (deployments/launch_paths.py), so a clean stop removes it, not into the shared /tmp."""
+    (deployments/launch/paths.py), so a clean stop removes it, not into the shared /tmp."""
     monkeypatch.setenv("TRIBUTARY_INSTANCE_DIR", str(tmp_path))
     copied = front_door.patched_path("/dev/stdin")
     assert copied.parent == tmp_path and copied.name.startswith("haproxy-tributary-")

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from deployments.backends.causal_lm import CausalLM, resolve_lm_source
-from deployments.backends.continuous import (
+from deployments.backends.generation.causal_lm import CausalLM, resolve_lm_source
+from deployments.backends.generation.continuous import (
     ContinuousEngine,
     ContinuousSettings,
     EngineOutput,
     first_output,
 )
-from deployments.backends.demo_llm import CONTEXT_WINDOW
-from deployments.backends.sampling import SamplingParams
+from deployments.backends.generation.demo_llm import CONTEXT_WINDOW
+from deployments.backends.generation.sampling import SamplingParams
 
 GREEDY = SamplingParams(0.0)
 

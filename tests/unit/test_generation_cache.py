@@ -12,16 +12,16 @@ import orjson
 import pytest
 
 from deployments.config import CacheConfig, GenerationModelConfig
-from deployments.core.access import Tenant
-from deployments.core.cache_entries import GenerationEntry, pack_generation, unpack_generation
+from deployments.core.access.access import Tenant
+from deployments.core.cache.cache_entries import GenerationEntry, pack_generation, unpack_generation
+from deployments.core.cache.result_cache import MemoryStore
 from deployments.core.generation_key import cacheable, is_greedy, job_content
 from deployments.core.priority import Priority
 from deployments.core.protocol import GenerationChunk, GenerationJob
-from deployments.core.result_cache import MemoryStore
 from deployments.errors import ModelFailed
-from deployments.ingress.generation import Reply, sse
-from deployments.ingress.generation_cache import CachedCompletion, Replay, cached_completion
-from deployments.ingress.item_cache import ItemCaches
+from deployments.ingress.cache.generation_cache import CachedCompletion, Replay, cached_completion
+from deployments.ingress.cache.item_cache import ItemCaches
+from deployments.ingress.tasks.generation import Reply, sse
 
 MODEL = GenerationModelConfig(name="llm", source="demo:tiny-llama")
 GREEDY = GenerationJob(request_id="r1", max_tokens=8, prompt="the river", temperature=0.0)
@@ -48,7 +48,7 @@ def key_of(
     [(0.0, True), (1e-39, True), (9e-7, True), (float("nan"), True), (1e-6, False), (0.7, False)],
 )
 def test_greedy_is_the_engines_definition(temperature: float, greedy: bool) -> None:
-    from deployments.backends.sampling import SamplingParams
+    from deployments.backends.generation.sampling import SamplingParams
 
     assert is_greedy(temperature) is greedy
     assert SamplingParams(temperature).greedy is greedy  # one definition for both

@@ -11,15 +11,15 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from deployments.backends.causal_lm import CausalLM, resolve_lm_source
-from deployments.backends.continuous import (
+from deployments.backends.generation.causal_lm import CausalLM, resolve_lm_source
+from deployments.backends.generation.continuous import (
     ContinuousEngine,
     ContinuousSettings,
     EngineDown,
     EngineOutput,
     first_output,
 )
-from deployments.backends.sampling import RowSampler, SamplingParams
+from deployments.backends.generation.sampling import RowSampler, SamplingParams
 
 GREEDY = SamplingParams(0.0)
 POISON_SEED = 666  # the one request whose sampler raises
@@ -167,7 +167,7 @@ async def test_the_watchdog_notices_a_dead_engine_by_itself(
 def test_static_batch_a_poisoned_row_ends_alone(
     lm: CausalLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import deployments.backends.causal_lm as causal_lm
+    import deployments.backends.generation.causal_lm as causal_lm
 
     monkeypatch.setattr(causal_lm, "RowSampler", PoisonSampler)
     prompt = lm.prompt_ids("the city")

@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from deployments.backends.continuous import EngineDown, EngineOutput, OnOutput
-from deployments.backends.sampling import SamplingParams
-from deployments.core.metrics import (
+from deployments.backends.generation.continuous import EngineDown, EngineOutput, OnOutput
+from deployments.backends.generation.sampling import SamplingParams
+from deployments.core.batching.sequence_slots import SequenceSlots, SlotLimits
+from deployments.core.metrics.metrics import (
     INTER_TOKEN_LATENCY,
     OUTPUT_TOKENS,
     RUNNING_SEQUENCES,
@@ -19,9 +20,8 @@ from deployments.core.metrics import (
 )
 from deployments.core.priority import Priority
 from deployments.core.protocol import GenerationChunk, GenerationJob, Rejection
-from deployments.core.sequence_slots import SequenceSlots, SlotLimits
 from deployments.errors import NotReady
-from deployments.replicas.generation_worker import GenerationWorker
+from deployments.replicas.generation.generation_worker import GenerationWorker
 
 
 class FakeLM:

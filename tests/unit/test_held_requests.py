@@ -1,6 +1,6 @@
 import pytest
 
-from deployments.core.held_requests import HeldRequests
+from deployments.core.admission.held_requests import HeldRequests
 from deployments.core.priority import Priority
 
 RT, NORMAL, BATCH = Priority.REALTIME, Priority.NORMAL, Priority.BATCH

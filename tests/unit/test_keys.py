@@ -2,8 +2,8 @@ import hashlib
 
 import pytest
 
-from deployments.core import keys
-from deployments.core.keys import KEY_PREFIX, KeyRing, digest, new_key
+from deployments.core.access import keys
+from deployments.core.access.keys import KEY_PREFIX, KeyRing, digest, new_key
 
 
 def test_digest_is_the_sha256_hex_of_the_key() -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from deployments.backends.causal_lm import CausalLM, resolve_lm_source
+from deployments.backends.generation.causal_lm import CausalLM, resolve_lm_source
 from deployments.config import GenerationModelConfig
-from deployments.core.kv_budget import MAX_DERIVED_TOKENS, MIN_PAGES, KvShape, derive
-from deployments.replicas.generator import kv_budget
+from deployments.core.memory.kv_budget import MAX_DERIVED_TOKENS, MIN_PAGES, KvShape, derive
+from deployments.replicas.generation.generator import kv_budget
 
 # A 7B-like shape in fp16: 32 layers x 8 KV heads x 128 dims x 2 (K, V) x 2 bytes.
 SEVEN_B = KvShape(layers=32, kv_heads=8, head_dim=128, dtype_bytes=2)

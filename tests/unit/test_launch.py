@@ -1,4 +1,4 @@
-"""deployments.launch: Serve starts HAProxy through Tributary's wrapper, a taken metrics port
+"""deployments.launch.main: Serve starts HAProxy through Tributary's wrapper, a taken metrics port
 is refused before Ray starts (Ray itself would fail half a minute later with an
 unrelated-sounding timeout) while one a stopped run left in TIME_WAIT is not, and the
 open-files limit is raised for HAProxy or the launch stops with one line saying what to
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from deployments import launch
+from deployments.launch import main as launch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -94,7 +94,7 @@ def test_a_low_soft_fd_limit_is_raised_for_haproxy() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
 
     code = (
-        "import resource; from deployments import launch; "
+        "import resource; from deployments.launch import main as launch; "
         "print(launch.fd_limit_problem(4096), resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
     )
     result = subprocess.run(

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployments import launch_output
+from deployments.launch import output as launch_output
 
 ROOT = Path(__file__).resolve().parents[2]
 

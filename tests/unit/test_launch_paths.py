@@ -1,4 +1,4 @@
-"""deployments.launch_paths: every launcher gets a private directory of its user's and its
+"""deployments.launch.paths: every launcher gets a private directory of its user's and its
 own for Serve's HAProxy files, paths the operator set are kept, a directory someone else
 planted is not used, and one a dead launcher left is swept. Two real users of one machine:
 test_launch_two_users.py."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from deployments import launch_paths
-from deployments.launch_paths import (
+from deployments.launch import paths as launch_paths
+from deployments.launch.paths import (
     HAPROXY_PATHS,
     INSTANCE_DIR_VARIABLE,
     InstanceDirError,

@@ -1,4 +1,4 @@
-"""deployments.launch_placement: the launcher adds up what a config asks against what the Ray
+"""deployments.launch.placement: the launcher adds up what a config asks against what the Ray
 it started has and refuses one that can never fit, and while the app starts it gives up,
 with Serve's reason, once a deployment has waited the bound for room. Served:
 tests/serve/test_unplaceable_served.py."""
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from bench.server import load_config
-from deployments.launch_placement import (
+from deployments.launch.placement import (
     MIB,
     PlacementWatch,
     StuckClock,

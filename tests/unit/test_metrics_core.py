@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from deployments.core.cost_model import CostFit
-from deployments.core.metrics import (
+from deployments.core.batching.cost_model import CostFit
+from deployments.core.metrics.metrics import (
     BATCH_ITEMS,
     BATCH_SIZE,
     BATCH_TOKENS,

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from deployments.backends.passes_choice import MIN_GAIN, choose_passes
+from deployments.backends.runtimes.passes import MIN_GAIN, choose_passes
 
 
 class SharedClock:

@@ -2,8 +2,8 @@ import asyncio
 
 import pytest
 
+from deployments.core.batching.priority_gate import PriorityGate
 from deployments.core.priority import Priority
-from deployments.core.priority_gate import PriorityGate
 from tests.fakes import Clock
 
 RT, NORMAL, BATCH = Priority.REALTIME, Priority.NORMAL, Priority.BATCH

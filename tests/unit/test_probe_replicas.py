@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from deployments.replicas.batched_replica import BatchedReplica
-from deployments.replicas.embedder import Embedder
-from deployments.replicas.reranker import Reranker
+from deployments.replicas.batched.batcher import Batcher
+from deployments.replicas.batched.embedder import Embedder
+from deployments.replicas.batched.reranker import Reranker
 from tests.tiny_models import build_tiny_cross_encoder
 
 pytestmark = pytest.mark.skipif(
@@ -20,15 +20,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def check_probed(replica: BatchedReplica, budget_mib: int, window: int) -> dict[str, Any]:
-    memory = replica.batching_info()["memory"]
+def check_probed(batcher: Batcher[Any, Any], budget_mib: int, window: int) -> dict[str, Any]:
+    memory = batcher.info()["memory"]
     probe = memory["probe"]
     assert probe["allowed_bytes"] == budget_mib * 2**20
     assert probe["points"][0][0] == window  # one full-window row first
     assert all(peak <= budget_mib * 2**20 for _, peak in probe["points"]), probe
     ceiling = memory["token_ceiling"]
     assert ceiling is not None and ceiling >= window
-    plans = replica.tuner.plans()
+    plans = batcher.tuner.plans()
     assert all(plan.max_batch_tokens <= ceiling for plan in plans.values())
     return probe
 
@@ -42,7 +42,7 @@ def test_the_embedder_probes_its_model_at_warm_up() -> None:
             "memory_budget_mib": 200,
         }
     )
-    probe = check_probed(embedder, 200, 256)
+    probe = check_probed(embedder.batcher, 200, 256)
     print(f"embedder probe: {probe}")
 
 
@@ -57,5 +57,5 @@ def test_the_reranker_probes_with_pairs_that_fill_its_window(tmp_path: Path) -> 
             "memory_budget_mib": 50,
         }
     )
-    probe = check_probed(reranker, 50, reranker.backend.max_tokens)
+    probe = check_probed(reranker.batcher, 50, reranker.backend.max_tokens)
     print(f"reranker probe: {probe}")

@@ -1,4 +1,4 @@
-"""core/quantize.py against sentence-transformers' own quantize_embeddings."""
+"""core/encoding/quantize.py against sentence-transformers' own quantize_embeddings."""
 
 import logging
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sentence_transformers.util.quantization import quantize_embeddings
 
-from deployments.core.quantize import RangeUnknown, quantize
+from deployments.core.encoding.quantize import RangeUnknown, quantize
 
 PRECISIONS = ["float32", "int8", "uint8", "binary", "ubinary"]
 

@@ -1,6 +1,6 @@
 from types import SimpleNamespace
 
-from deployments.ingress.readiness import readiness_problem
+from deployments.ingress.status.readiness import readiness_problem
 
 
 def deployment(status: str, **replicas: int) -> SimpleNamespace:

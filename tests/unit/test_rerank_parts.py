@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deployments.backends.bi_encoder import BiEncoderScorer
-from deployments.backends.cross_encoder import CrossEncoderScorer
-from deployments.backends.sentence_embedder import SentenceEmbedder
+from deployments.backends.encoders.bi_encoder import BiEncoderScorer
+from deployments.backends.encoders.cross_encoder import CrossEncoderScorer
+from deployments.backends.encoders.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
 from deployments.core.relevance import to_relevance
 from deployments.errors import InvalidRequest
-from deployments.ingress.rerank_schemas import parse_rerank_request
+from deployments.ingress.api.rerank_schemas import parse_rerank_request
 from tests.tiny_models import build_tiny_cross_encoder
 
 
@@ -85,7 +85,7 @@ def test_cross_encoder_loads_a_saved_checkpoint(tmp_path: Path) -> None:
 def test_chunk_pass_estimate_follows_window_caps_and_truncation() -> None:
     from deployments.config import RerankModelConfig
     from deployments.core.protocol import RerankJob
-    from deployments.ingress.rerank import estimated_chunk_passes
+    from deployments.ingress.tasks.rerank import estimated_chunk_passes
 
     def model(backend: str) -> RerankModelConfig:
         return RerankModelConfig(

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from deployments.config import RerankModelConfig
-from deployments.core.batch_budget import BatchBudget
+from deployments.core.batching.batch_budget import BatchBudget
 from deployments.core.protocol import Rejection, RerankJob, RerankResult
 from deployments.core.relevance import to_relevance
-from deployments.replicas.batched_jobs import Dropped, JobState, run_jobs
-from deployments.replicas.rerank_task import PairItem, RerankTask
+from deployments.replicas.batched.batched_jobs import Dropped, JobState, run_jobs
+from deployments.replicas.batched.rerank_task import PairItem, RerankTask
 
 
 class WordScorer:

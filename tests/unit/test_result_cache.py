@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from deployments.core.cache_entries import (
+from deployments.core.cache.cache_entries import (
     EmbedEntry,
     RerankEntry,
     pack_embed,
@@ -16,8 +16,8 @@ from deployments.core.cache_entries import (
     unpack_embed,
     unpack_rerank,
 )
-from deployments.core.model_cache import MAX_PENDING_WRITES, ModelCache
-from deployments.core.result_cache import ByteLRU, MemoryStore, item_key
+from deployments.core.cache.model_cache import MAX_PENDING_WRITES, ModelCache
+from deployments.core.cache.result_cache import ByteLRU, MemoryStore, item_key
 
 
 def test_keys_differ_by_every_part() -> None:

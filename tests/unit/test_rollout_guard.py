@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from deployments.core.agreement import (
+from deployments.core.rollout.agreement import (
     embedding_agreement,
     exact_match,
     rank_correlation,
     top1_agreement,
 )
-from deployments.core.rollout_guard import GuardRules, RolloutGuard
+from deployments.core.rollout.rollout_guard import GuardRules, RolloutGuard
 from tests.fakes import Clock
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deployments.backends.cross_encoder import CrossEncoderScorer
-from deployments.backends.runtime_choice import min_cosine, score_correlation
-from deployments.backends.runtime_select import RuntimeSettings, apply_runtime
-from deployments.backends.runtimes import installed
-from deployments.backends.sentence_embedder import SAMPLE_TEXTS, SentenceEmbedder
+from deployments.backends.encoders.cross_encoder import CrossEncoderScorer
+from deployments.backends.encoders.sentence_embedder import SAMPLE_TEXTS, SentenceEmbedder
+from deployments.backends.runtimes.build import installed
+from deployments.backends.runtimes.choice import min_cosine, score_correlation
+from deployments.backends.runtimes.select import RuntimeSettings, apply_runtime
 from deployments.backends.sources import resolve_model_source
 from tests.tiny_models import build_tiny_cross_encoder
 

@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from deployments.backends import runtime_auto, runtime_cache
-from deployments.backends.runtime_choice import Choice, Trial, min_cosine
+from deployments.backends.runtimes import auto as runtime_auto
+from deployments.backends.runtimes import cache as runtime_cache
+from deployments.backends.runtimes.choice import Choice, Trial, min_cosine
 
 REF = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
 OFF = np.array([[1.0, 0.3, 0.0], [0.0, 1.0, 0.0]])  # worst cosine ~0.96

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from deployments.backends.runtime_choice import choose, min_cosine, score_correlation
+from deployments.backends.runtimes.choice import choose, min_cosine, score_correlation
 
 REF = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
 

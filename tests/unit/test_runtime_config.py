@@ -9,7 +9,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from deployments.backends import runtime_select, runtimes
+from deployments.backends.runtimes import build as runtimes
+from deployments.backends.runtimes import select as runtime_select
 from deployments.config import EmbeddingModelConfig, RerankModelConfig
 
 

@@ -9,7 +9,12 @@ import math
 import pytest
 import torch
 
-from deployments.backends.sampling import RowSampler, SamplingParams, draw_token, sample_rows
+from deployments.backends.generation.sampling import (
+    RowSampler,
+    SamplingParams,
+    draw_token,
+    sample_rows,
+)
 
 VOCAB = 50
 TINY_TEMPERATURES = [5e-324, 1e-300, 1e-46, 1e-39, 1.2e-38, 1e-20, 1e-7]

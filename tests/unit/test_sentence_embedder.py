@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sentence_transformers import SentenceTransformer
 
-from deployments.backends.sentence_embedder import SentenceEmbedder
+from deployments.backends.encoders.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
 
 TEXTS = [

@@ -6,13 +6,13 @@ import asyncio
 
 import pytest
 
-from deployments.core.priority import Priority
-from deployments.core.sequence_slots import (
+from deployments.core.batching.sequence_slots import (
     QueueFull,
     SequenceSlots,
     SlotLimits,
     SlotTimeout,
 )
+from deployments.core.priority import Priority
 from tests.fakes import Clock
 
 R, N, B = Priority.REALTIME, Priority.NORMAL, Priority.BATCH

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deployments.core.batch_policy import ClassLimits
-from deployments.core.batch_tuner import BatchTuner
+from deployments.core.batching.batch_policy import ClassLimits
+from deployments.core.batching.batch_tuner import BatchTuner
+from deployments.core.memory.split_retry import TooLargeForMemory, run_split
+from deployments.core.memory.token_backoff import TokenBackoff
 from deployments.core.protocol import Rejection
-from deployments.core.split_retry import TooLargeForMemory, run_split
-from deployments.core.token_backoff import TokenBackoff
-from deployments.replicas.batched_jobs import failed_outcome
+from deployments.replicas.batched.batched_jobs import failed_outcome
 from deployments.replicas.memory import is_memory_fault
 
 

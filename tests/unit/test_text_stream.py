@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from deployments.backends.text_stream import TextStream
+from deployments.backends.generation.text_stream import TextStream
 
 WORDS = {1: "the", 2: "cat", 3: "sat", 4: "on", 5: "mat"}
 

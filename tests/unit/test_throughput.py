@@ -1,6 +1,6 @@
 import pytest
 
-from deployments.core.throughput import RateMeter, retry_after_s
+from deployments.core.admission.throughput import RateMeter, retry_after_s
 from tests.fakes import Clock
 
 

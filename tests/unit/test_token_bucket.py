@@ -1,6 +1,6 @@
 import pytest
 
-from deployments.core.token_bucket import TokenBucket
+from deployments.core.access.token_bucket import TokenBucket
 from tests.fakes import Clock
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deployments.core.token_ceiling import ProbePoint, fit_line, gpu_allowance, probe_ceiling
+from deployments.core.memory.token_ceiling import ProbePoint, fit_line, gpu_allowance, probe_ceiling
 
 WINDOW = 256
 MIB = 2**20

@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
-from deployments.backends.sentence_embedder import SentenceEmbedder
+from deployments.backends.encoders.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
-from deployments.core.token_ceiling import TokenCeiling
+from deployments.core.memory.token_ceiling import TokenCeiling
 from deployments.replicas.device_memory import MIB, DeviceMemory
 
 LARGEST = 16384  # the default batch class's max_batch_tokens: where a replica's probe stops

@@ -1,4 +1,4 @@
-from deployments.core.token_window import TokenWindow
+from deployments.core.batching.token_window import TokenWindow
 
 WINDOW = TokenWindow(prefix=(101,), suffix=(102,), max_tokens=6)
 

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from deployments.core.traffic import choose_version, first_key, split_pin, sticky_point
+from deployments.core.rollout.traffic import choose_version, first_key, split_pin, sticky_point
 
 
 def test_a_pin_splits_off_the_last_at_sign() -> None:

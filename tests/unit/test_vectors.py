@@ -2,7 +2,7 @@ import base64
 
 import numpy as np
 
-from deployments.core.vectors import shrink_dimensions, to_base64
+from deployments.core.encoding.vectors import shrink_dimensions, to_base64
 
 
 def test_shrinking_keeps_the_head_and_renormalises() -> None:

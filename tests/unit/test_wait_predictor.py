@@ -3,16 +3,16 @@ from collections.abc import Callable
 
 import pytest
 
-from deployments.core.admission import wait_refusal
-from deployments.core.busy_rate import BusyRate
-from deployments.core.priority import Priority
-from deployments.core.wait_predictor import (
+from deployments.core.admission.admission import wait_refusal
+from deployments.core.admission.busy_rate import BusyRate
+from deployments.core.admission.wait_predictor import (
     MAX_SLOPE,
     MIN_SLOPE,
     Prediction,
     WaitPredictor,
     fit_line,
 )
+from deployments.core.priority import Priority
 from tests.fakes import Clock
 
 RT, NORMAL, BATCH = Priority.REALTIME, Priority.NORMAL, Priority.BATCH

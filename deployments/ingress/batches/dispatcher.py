@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from deployments.config import BatchesConfig
-from deployments.core.batch_job_lines import (
+from deployments.core.batch_jobs.lines import (
     BatchLine,
     LineFailure,
     answered_line,
@@ -30,8 +30,8 @@ from deployments.core.batch_job_lines import (
     read_lines,
     request_lines,
 )
-from deployments.core.batch_job_pacing import Others, Pace
-from deployments.core.batch_job_records import (
+from deployments.core.batch_jobs.pacing import Others, Pace
+from deployments.core.batch_jobs.records import (
     CANCELLED,
     CANCELLING,
     COMPLETED,
@@ -42,7 +42,7 @@ from deployments.core.batch_job_records import (
     VALIDATING,
     BatchRecord,
 )
-from deployments.core.metrics import TributaryMetrics
+from deployments.core.metrics.metrics import TributaryMetrics
 from deployments.ingress.batches.finalize import write_results
 from deployments.ingress.batches.store import BatchStore
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from deployments.core.batch_job_records import BatchRecord, FileRecord
+from deployments.core.batch_jobs.records import BatchRecord, FileRecord
 from deployments.ingress.batches.store import BatchStore
 
 

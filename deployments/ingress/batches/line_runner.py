@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from deployments.core.access import Tenant
-from deployments.core.batch_job_pacing import Others
+from deployments.core.access.access import Tenant
+from deployments.core.batch_jobs.pacing import Others
 from deployments.core.priority import Priority
 from deployments.errors import InternalError, TributaryError, Unauthorized
+from deployments.ingress.api.request_meta import RequestMeta
 from deployments.ingress.batches.dispatcher import LineAnswer
-from deployments.ingress.embeddings import to_json
-from deployments.ingress.request_meta import RequestMeta
+from deployments.ingress.tasks.embeddings import to_json
 
 if TYPE_CHECKING:
     from deployments.ingress.ingress import Answer, Ingress

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from deployments.core.batch_job_records import OPEN_STATUSES, BatchRecord, FileRecord
+from deployments.core.batch_jobs.records import OPEN_STATUSES, BatchRecord, FileRecord
 from deployments.ingress.batches.store import FileArea
 
 PREFIX = "tributary:batches:"

@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StrictStr, ValidationError
 
 from deployments.errors import InvalidRequest
+from deployments.ingress.api.schemas import ApiModel, NonEmptyStr, _as_invalid_request
 from deployments.ingress.batches.line_runner import ENDPOINTS
-from deployments.ingress.schemas import ApiModel, NonEmptyStr, _as_invalid_request
 
 Endpoint = Literal[
     "/v1/embeddings", "/v1/chat/completions", "/v1/completions", "/v1/rerank", "/v2/rerank"

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from deployments.config import BatchesConfig
-from deployments.core.access import Tenant
-from deployments.core.batch_job_records import (
+from deployments.core.access.access import Tenant
+from deployments.core.batch_jobs.records import (
     CANCELLING,
     IN_PROGRESS,
     VALIDATING,
@@ -22,7 +22,7 @@ from deployments.core.batch_job_records import (
     new_batch_id,
     new_file_id,
 )
-from deployments.core.metrics import TributaryMetrics
+from deployments.core.metrics.metrics import TributaryMetrics
 from deployments.errors import (
     Conflict,
     InvalidRequest,

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from deployments.core.batch_job_records import OPEN_STATUSES, BatchRecord, FileRecord
+from deployments.core.batch_jobs.records import OPEN_STATUSES, BatchRecord, FileRecord
 from deployments.ingress.batches.store import FileArea
 
 T = TypeVar("T")

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Protocol
 
-from deployments.core.batch_job_records import BatchRecord, FileRecord
+from deployments.core.batch_jobs.records import BatchRecord, FileRecord
 
 
 class BatchStore(Protocol):

@@ -1,0 +1,86 @@
+"""Serve's options for one deployment, typed: replicas or autoscaling, and actor resources.
+
+Shared by every model deployment and the ingress in `config/app.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from deployments.config.strict import StrictModel
+
+
+class ActorOptions(StrictModel):
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    memory: int | None = Field(None, gt=0, description="Bytes of RAM to reserve.")
+    runtime_env: dict[str, Any] | None = Field(
+        None, description="Ray runtime_env of the replicas, e.g. {env_vars: {...}}."
+    )
+
+    def to_ray(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class AutoscalingOptions(StrictModel):
+    """Serve's `autoscaling_config`; replaces a fixed `num_replicas`."""
+
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(1, ge=1)
+    initial_replicas: int | None = Field(None, ge=0)
+    target_ongoing_requests: float = Field(2.0, gt=0)
+    upscale_delay_s: float = Field(30.0, ge=0)
+    downscale_delay_s: float = Field(600.0, ge=0)
+    metrics_interval_s: float | None = Field(None, gt=0)
+    look_back_period_s: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds_are_ordered(self) -> AutoscalingOptions:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("min_replicas must not exceed max_replicas")
+        return self
+
+
+class DeploymentOptions(StrictModel):
+    """The Ray Serve deployment settings of one deployment."""
+
+    num_replicas: int | None = Field(
+        None, ge=1, description="Fixed replica count (1 when neither this nor autoscaling)."
+    )
+    autoscaling_config: AutoscalingOptions | None = None
+    max_ongoing_requests: int = Field(64, ge=1)
+    max_queued_requests: int = Field(
+        256, ge=-1, description="Serve's per-caller queue bound; -1 means unbounded."
+    )
+    backpressure_retry_after_s: float = Field(
+        1,
+        ge=0,
+        allow_inf_nan=False,
+        description="Retry-After of Serve's own 503 when `max_queued_requests` is exceeded "
+        "on a deployment that answers HTTP (the ingress); a refusal always says when to retry.",
+    )
+    ray_actor_options: ActorOptions = ActorOptions()
+
+    @model_validator(mode="after")
+    def _one_way_to_size(self) -> DeploymentOptions:
+        if self.num_replicas is not None and self.autoscaling_config is not None:
+            raise ValueError("set num_replicas or autoscaling_config, not both")
+        return self
+
+    def to_serve(self) -> dict[str, Any]:
+        options = self.model_dump(
+            exclude={"ray_actor_options", "autoscaling_config", "backpressure_retry_after_s"}
+        )
+        options["backpressure_config"] = {
+            "status_code": 503,
+            "retry_after_s": self.backpressure_retry_after_s,
+        }
+        if self.autoscaling_config is not None:
+            options.pop("num_replicas")
+            options["autoscaling_config"] = self.autoscaling_config.model_dump(exclude_none=True)
+        elif self.num_replicas is None:
+            options["num_replicas"] = 1
+        options["ray_actor_options"] = self.ray_actor_options.to_ray()
+        return options

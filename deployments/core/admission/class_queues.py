@@ -1,0 +1,185 @@
+"""One model's queues at the ingress: a coalescer per priority class behind admission.
+
+Each class has its own coalescer with its own calls in flight, so a realtime request
+never waits behind a batch-class group at the ingress; the model deployment then orders
+the classes' batches at its priority gate.
+
+Admission checks the fixed bounds, then (with `predict_wait`) the predicted wait: the
+items queued and in flight in the request's class and the classes above it, through the
+`WaitPredictor`, against the class's target or the request's deadline, the shorter. Every
+admitted request's measured latency corrects the predictor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from deployments.core.admission.admission import Admission, ClassLimits, Refusal, wait_refusal
+from deployments.core.admission.coalescer import Coalescer, DeadlineExpired, Send
+from deployments.core.admission.throughput import RateMeter
+from deployments.core.admission.wait_predictor import Prediction, WaitPredictor
+from deployments.core.priority import ALL_PRIORITIES, Priority
+
+Job = TypeVar("Job")
+Outcome = TypeVar("Outcome")
+
+
+class Refused(Exception):
+    def __init__(self, priority: Priority, refusal: Refusal) -> None:
+        super().__init__(f"{priority.label}: {refusal.reason}")
+        self.priority = priority
+        self.refusal = refusal
+
+
+@dataclass(frozen=True)
+class ClassSettings:
+    limits: ClassLimits
+    max_in_flight: int
+    target_s: float | None = None  # latency target from arrival; None = the deadline only
+
+
+class ClassQueues(Generic[Job, Outcome]):
+    def __init__(
+        self,
+        send: Callable[[Priority], Send[Job, Outcome]],
+        settings: Mapping[Priority, ClassSettings],
+        *,
+        size_of: Callable[[Job], int],
+        max_group_items: int,
+        on_abandon: Callable[[Job], None] | None = None,
+        meter: RateMeter | None = None,
+        predictor: WaitPredictor | None = None,
+        predict_wait: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._size_of = size_of
+        self._admission = Admission({p: s.limits for p, s in settings.items()})
+        self._targets = {p: s.target_s for p, s in settings.items()}
+        self._meter = meter or RateMeter()
+        self.predictor = predictor or WaitPredictor()
+        self._predict_wait = predict_wait
+        self._clock = clock
+        self._in_flight_items = dict.fromkeys(ALL_PRIORITIES, 0)
+        self._refused: dict[tuple[Priority, str], int] = {}
+        self._coalescers: dict[Priority, Coalescer[Job, Outcome]] = {
+            priority: Coalescer(
+                self._timed(priority, send(priority)),
+                size_of=size_of,
+                max_in_flight=settings[priority].max_in_flight,
+                max_group_items=max_group_items,
+                on_abandon=on_abandon,
+            )
+            for priority in ALL_PRIORITIES
+        }
+
+    def queued_items(self) -> dict[Priority, int]:
+        return {p: c.queued_items for p, c in self._coalescers.items()}
+
+    def load(self, priority: Priority) -> tuple[int, int]:
+        """The class's items waiting here and its calls out to the model now."""
+        coalescer = self._coalescers[priority]
+        return coalescer.queued_items, coalescer.in_flight
+
+    def items_ahead(self, priority: Priority) -> int:
+        """Items queued or in a call in `priority` and the classes above it: the work the
+        replica's gate puts before a new request of `priority`."""
+        return sum(
+            self._coalescers[p].queued_items + self._in_flight_items[p]
+            for p in ALL_PRIORITIES
+            if p <= priority
+        )
+
+    def _timed(self, priority: Priority, send: Send[Job, Outcome]) -> Send[Job, Outcome]:
+        """`send`, telling the predictor how long each call took and how busy the model was."""
+
+        async def timed(
+            jobs: list[Job], time_left: list[float | None], spent: list[float]
+        ) -> list[Outcome]:
+            items = sum(self._size_of(job) for job in jobs)
+            self._in_flight_items[priority] += items
+            self.predictor.rate.started()
+            started = self._clock()
+            answered = 0
+            try:
+                outcomes = await send(jobs, time_left, spent)
+                answered = items
+                self.predictor.call_took(self._clock() - started)
+                return outcomes
+            finally:
+                self._in_flight_items[priority] -= items
+                self.predictor.rate.ended(answered)
+
+        return timed
+
+    async def submit(
+        self,
+        priority: Priority,
+        job: Job,
+        deadline: float | None,
+        since: float | None = None,
+    ) -> Outcome:
+        """The job's outcome. Raises Refused when admission turns it away, or
+        DeadlineExpired when `deadline` (event-loop clock) passes first. `since`: when the
+        job's request arrived (time.monotonic())."""
+        size = self._size_of(job)
+        refusal = self._admission.check(priority, size, self.queued_items(), self._meter.rate())
+        prediction = None
+        if refusal is None and self._predict_wait:
+            prediction, refusal = self._predicted(priority, size, deadline, since)
+        if refusal is not None:
+            key = (priority, refusal.reason)
+            self._refused[key] = self._refused.get(key, 0) + 1
+            raise Refused(priority, refusal)
+        admitted = self._clock()
+        try:
+            outcome = await self._coalescers[priority].submit(job, deadline, since)
+        except DeadlineExpired:
+            # An admitted request that ran out of time is the prediction's worst miss.
+            if prediction is not None:
+                self.predictor.observe(priority, prediction, self._clock() - admitted)
+            raise
+        self._meter.add(size)
+        if prediction is not None:
+            self.predictor.observe(priority, prediction, self._clock() - admitted)
+        return outcome
+
+    def _predicted(
+        self, priority: Priority, size: int, deadline: float | None, since: float | None
+    ) -> tuple[Prediction | None, Refusal | None]:
+        ahead = self.items_ahead(priority)
+        prediction = self.predictor.predict(priority, ahead, size)
+        if prediction is None:  # cold start: the fixed bounds alone, as before
+            return None, None
+        budgets = []
+        target = self._targets.get(priority)
+        if target is not None:
+            # The target runs from the request's arrival; parsing it has spent some.
+            spent = 0.0 if since is None else max(self._clock() - since, 0.0)
+            budgets.append(target - spent)
+        if deadline is not None:
+            budgets.append(deadline - asyncio.get_running_loop().time())
+        if not budgets:
+            return prediction, None
+        return prediction, wait_refusal(priority, prediction, min(budgets), ahead)
+
+    def stats(self) -> dict[str, Any]:
+        classes: dict[str, Any] = {}
+        for priority, coalescer in self._coalescers.items():
+            refused = {reason: n for (p, reason), n in self._refused.items() if p is priority and n}
+            classes[priority.label] = {**vars(coalescer.stats), "refused": refused}
+        return {
+            "items_per_s": round(self._meter.rate(), 1),
+            "predicted_wait": {"enabled": self._predict_wait, **self.predictor.report()},
+            "classes": classes,
+        }
+
+
+def loop_deadline(timeout_s: float | None) -> float | None:
+    """An absolute deadline on the running loop's clock, `timeout_s` from now."""
+    if timeout_s is None:
+        return None
+    return asyncio.get_running_loop().time() + timeout_s

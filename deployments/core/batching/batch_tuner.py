@@ -1,0 +1,128 @@
+"""A replica's live batching state: what its passes cost, how fast each class's items
+arrive, and the plans `batch_policy` derives from them.
+
+The replica tells the tuner about every arrival and every pass; after each it asks for the
+plans and applies those that changed (Serve's batch queues take a new size and wait at any
+time, the class's `BatchBudget` a new token budget).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from deployments.core.batching.arrival_rate import ArrivalRate
+from deployments.core.batching.batch_policy import BatchPlan, ClassLimits, SlotControl, plan_classes
+from deployments.core.batching.cost_model import CostModel
+from deployments.core.memory.token_backoff import TokenBackoff
+
+
+class BatchTuner:
+    def __init__(
+        self,
+        classes: list[str],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cost = CostModel()
+        self._clock = clock
+        self._arrivals = {name: ArrivalRate(clock=clock) for name in classes}
+        self._tokens_per_row = 0.0  # a running mean of the padded row length
+        self._limits: dict[str, ClassLimits] = {}
+        self._slots: dict[str, SlotControl] = {}
+        self._last_plans: dict[str, BatchPlan] = {}
+        self.backoff = TokenBackoff()
+        self.adaptive = True
+
+    def configure(self, limits: dict[str, ClassLimits], adaptive: bool) -> None:
+        self._limits = dict(limits)
+        self.adaptive = adaptive
+        self._slots = {
+            name: SlotControl(one, self._clock)
+            for name, one in limits.items()
+            if one.target_s is not None
+        }
+
+    def waited(self, name: str, jobs: list[tuple[float, float]]) -> None:
+        """A pass's jobs of class `name`: when each reached the replica, and its latency
+        from its request's arrival at the ingress to the end of the pass. Until the cost
+        model has a fit the slot plans nothing, so what the jobs saw says nothing of it
+        (the first passes of a replica are slow for reasons of their own)."""
+        control = self._slots.get(name)
+        if control is None or self.cost.current is None:
+            return
+        for arrived, latency in jobs:
+            control.observe(latency, arrived)
+
+    def arrived(self, name: str, items: int, company: bool = True) -> None:
+        """`items` of class `name` reached the replica. `company`: other jobs of the class
+        were there already (queued or in a pass), or the call brought several. Only such
+        items say that waiting could fill a batch: a lone client's next request cannot
+        arrive while it waits for this one, however fast it sends, and counting it would
+        make it wait out the window on every request."""
+        if company:
+            self._arrivals[name].add(items)
+
+    def set_memory_ceiling(self, tokens: int | None) -> None:
+        """The padded tokens the warm-up probe measured room for: no plan goes above it."""
+        self.backoff.ceiling = tokens
+
+    def memory_fault(self, padded_tokens: int) -> None:
+        """A pass of `padded_tokens` ran out of memory: every class's budget halves."""
+        self.backoff.fault(padded_tokens)
+
+    def ran(self, name: str, rows: int, padded_tokens: int, seconds: float) -> None:
+        self.backoff.success(
+            max((one.max_batch_tokens for one in self._limits.values()), default=0)
+        )
+        self.cost.observe(rows, padded_tokens, seconds)
+        plan = self._last_plans.get(name)
+        if (
+            plan is not None
+            and plan.bounded_by_slot
+            and padded_tokens >= 0.8 * plan.max_batch_tokens
+        ):
+            for control in self._slots.values():
+                control.note_binding()
+        row = padded_tokens / rows if rows else 0.0
+        previous = self._tokens_per_row
+        self._tokens_per_row = row if not previous else 0.9 * previous + 0.1 * row
+
+    def plans(self) -> dict[str, BatchPlan]:
+        plans = self._plans()
+        cap = self.backoff.limit()
+        if cap is not None:
+            # The fault's cap when there is one (it is never above the ceiling).
+            reason = "memory backoff" if self.backoff.cap is not None else "memory ceiling"
+            plans = {
+                name: replace(plan, max_batch_tokens=cap, why=f"{plan.why}, {reason}")
+                if plan.max_batch_tokens > cap
+                else plan
+                for name, plan in plans.items()
+            }
+        self._last_plans = plans
+        return plans
+
+    def _plans(self) -> dict[str, BatchPlan]:
+        if not self.adaptive:
+            return {
+                name: BatchPlan(one.max_batch_size, one.max_batch_tokens, one.wait_s, "fixed")
+                for name, one in self._limits.items()
+            }
+        return plan_classes(
+            self._limits,
+            {name: rate.per_s() for name, rate in self._arrivals.items()},
+            self.cost.current,
+            self._tokens_per_row or 1.0,
+            {name: control.slot_s for name, control in self._slots.items()},
+        )
+
+    def report(self) -> dict[str, object]:
+        fit = self.cost.current
+        return {
+            "adaptive": self.adaptive,
+            "cost_model": fit.report() if fit else None,
+            "tokens_per_row": round(self._tokens_per_row, 1),
+            "arrivals_per_s": {n: round(r.per_s(), 2) for n, r in self._arrivals.items()},
+            "targets": {name: control.report() for name, control in self._slots.items()},
+        }

@@ -1,0 +1,327 @@
+"""The ingress's side of generation: validate an OpenAI completion request, send it to the
+model's replica as one streaming call, and answer as JSON or as server-sent events.
+
+A request's first event is awaited before any response starts, so a refusal (queue full,
+deadline, prompt too long) is a real HTTP status. After that, tokens flow as they come;
+when the client goes away the stream's call is cancelled, which cancels the sequence in
+the replica's engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+import orjson
+
+from deployments.config import AdmissionConfig, GenerationModelConfig
+from deployments.core.access.access import Charge
+from deployments.core.metrics.metrics import TributaryMetrics
+from deployments.core.priority import Priority
+from deployments.core.protocol import GenerationChunk, GenerationJob, Rejection
+from deployments.errors import (
+    DeadlineExceeded,
+    InvalidRequest,
+    ModelFailed,
+    NotReady,
+    TributaryError,
+    rejection_error,
+)
+from deployments.ingress.api.generation_schemas import ChatCompletionRequest, CompletionRequest
+from deployments.ingress.calls.call_errors import RAY_CALL_ERRORS, REPLICA_GONE, ray_call_error
+from deployments.ingress.calls.replica_watch import ReplicaWatch
+from deployments.ingress.rollout.versions import ModelVersions, Version
+
+logger = logging.getLogger("ray.serve")
+
+# How long past its deadline the ingress waits for the replica to say 504 itself; short,
+# because a replica that died says nothing and the client's deadline has passed already.
+DEADLINE_GRACE_S = 0.5
+
+
+class GenerationCall:
+    """One request's streaming call to a generation replica."""
+
+    def __init__(
+        self, model: str, handle: Any, priority: Priority, timeout_s: float, watch: ReplicaWatch
+    ) -> None:
+        self.model = model
+        self._handle = handle
+        self.priority = priority
+        self.timeout_s = timeout_s
+        self._watch = watch
+        self._stream: Any = None
+
+    async def start(self, job: GenerationJob) -> GenerationChunk:
+        """Sends the job and returns its first chunk, or raises the API error it got."""
+        if self._watch.down:
+            raise _no_replica(self.model)
+        self._stream = self._handle.options(stream=True).generate.remote(
+            self.priority.label, job, self.timeout_s
+        )
+        try:
+            first = await self._first_unless_down()
+        except TimeoutError:
+            self.cancel()
+            raise DeadlineExceeded(
+                f"No first token within the request's deadline of {self.timeout_s:g} s."
+            ) from None
+        except BaseException as exc:
+            self.cancel()
+            raise self._error_of(exc) from None
+        if isinstance(first, Rejection):
+            self.cancel()
+            raise rejection_error(first)
+        return first
+
+    async def _first_unless_down(self) -> Any:
+        """The stream's first item; NotReady as soon as the model turns out to have no live
+        replica (Serve would hold the call until a new one is up, past the deadline)."""
+        first = asyncio.ensure_future(self._stream.__anext__())
+        down = asyncio.ensure_future(self._watch.until_down())
+        try:
+            await asyncio.wait(
+                {first, down},
+                timeout=self.timeout_s + DEADLINE_GRACE_S,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            down.cancel()
+            if not first.done():
+                first.cancel()
+        if first.done() and not first.cancelled():
+            return first.result()
+        if down.done() and not down.cancelled():
+            raise _no_replica(self.model)
+        raise TimeoutError
+
+    async def rest(self) -> AsyncIterator[GenerationChunk]:
+        try:
+            async for chunk in self._stream:
+                yield chunk
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise self._error_of(exc) from None
+        finally:
+            self.cancel()
+
+    def _error_of(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, REPLICA_GONE):
+            self._watch.call_died()
+        return _call_error(self.model, self.priority, exc)
+
+    def cancel(self) -> None:
+        if self._stream is not None:
+            self._stream.cancel()  # a no-op once the stream is over
+
+
+class LiveGeneration:
+    """A call computed by the model (not answered from the cache), with what settles it:
+    the tenant's charge (refunded if it fails) and the canary guard's judgement of its
+    version (a 5xx counts against it)."""
+
+    first: GenerationChunk  # once `start` returned
+
+    def __init__(
+        self,
+        call: GenerationCall,
+        charge: Charge,
+        table: ModelVersions,
+        version: Version,
+        metrics: TributaryMetrics,
+    ) -> None:
+        self.call = call
+        self.charge = charge
+        self.table = table
+        self._version = version
+        self._metrics = metrics
+        self.started = time.monotonic()
+
+    async def start(self, job: GenerationJob) -> None:
+        with self.charged():
+            self.first = await self.call.start(job)
+
+    @contextmanager
+    def charged(self) -> Iterator[None]:
+        with (
+            self.charge.refunded_on_failure(),
+            self.table.judged(self._version, self._metrics, self.started),
+        ):
+            yield
+
+    def settle(self, last: GenerationChunk | None) -> None:
+        """The tenant pays the tokens the model counted; none for a stream that broke."""
+        self.charge.settle(0 if last is None else last.prompt_tokens + last.completion_tokens)
+
+
+def build_job(
+    request: ChatCompletionRequest | CompletionRequest,
+    model: GenerationModelConfig,
+    request_id: str,
+) -> GenerationJob:
+    max_tokens, field = request.max_tokens, "max_tokens"
+    if isinstance(request, ChatCompletionRequest) and request.max_completion_tokens is not None:
+        max_tokens, field = request.max_completion_tokens, "max_completion_tokens"
+    if max_tokens is None:
+        max_tokens = min(model.default_max_tokens, model.max_tokens_limit)
+    if max_tokens > model.max_tokens_limit:
+        raise InvalidRequest(
+            f"{field} is {max_tokens}; model '{model.name}' generates at most "
+            f"{model.max_tokens_limit} tokens per request.",
+            param=field,
+            code="max_tokens_exceeded",
+        )
+    stop = request.stop_list()
+    if len(stop) > model.max_stop_sequences:
+        raise InvalidRequest(
+            f"{len(stop)} stop sequences; at most {model.max_stop_sequences}.", param="stop"
+        )
+    common: dict[str, Any] = {
+        "request_id": request_id,
+        "max_tokens": max_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "seed": request.seed,
+        "stop": stop,
+    }
+    if isinstance(request, ChatCompletionRequest):
+        messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+        return GenerationJob(messages=messages, **common)
+    return GenerationJob(prompt=request.prompt_text(), **common)
+
+
+def timeout_for(admission: AdmissionConfig, priority: Priority, asked: float | None) -> float:
+    return asked if asked is not None else admission.of(priority.label).timeout_s
+
+
+class Reply:
+    """Builds the OpenAI body of one chat or text completion, whole or as chunks."""
+
+    def __init__(self, chat: bool, model: str) -> None:
+        self.chat = chat
+        self.model = model
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+        # With the result cache on for this request: 1 if it was answered from the cache,
+        # else 0, in `usage` as for embeddings and rerank; None: no cache, not said.
+        self.cached_inputs: int | None = None
+
+    def whole(self, text: str, last: GenerationChunk) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": last.finish_reason, "logprobs": None}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": self._usage(last),
+        }
+
+    def chunk(self, text: str, finish_reason: str | None, first: bool) -> bytes:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "logprobs": None}
+        if self.chat:
+            choice["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+        else:
+            choice["text"] = text
+        return self._event({**self._head(), "choices": [choice]})
+
+    def usage_chunk(self, last: GenerationChunk) -> bytes:
+        return self._event({**self._head(), "choices": [], "usage": self._usage(last)})
+
+    def _usage(self, last: GenerationChunk) -> dict[str, int]:
+        counts = usage(last)
+        if self.cached_inputs is not None:
+            counts["cached_inputs"] = self.cached_inputs
+        return counts
+
+    def _head(self) -> dict[str, Any]:
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    @staticmethod
+    def _event(body: dict[str, Any]) -> bytes:
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+def usage(chunk: GenerationChunk) -> dict[str, int]:
+    return {
+        "prompt_tokens": chunk.prompt_tokens,
+        "completion_tokens": chunk.completion_tokens,
+        "total_tokens": chunk.prompt_tokens + chunk.completion_tokens,
+    }
+
+
+class ChunkSource(Protocol):
+    """What `sse` and `collect` read after the first chunk: a live call, or a cached
+    completion replayed (ingress/cache/generation_cache.py)."""
+
+    def rest(self) -> AsyncIterator[GenerationChunk]: ...
+
+    def cancel(self) -> None: ...
+
+
+async def collect(call: ChunkSource, first: GenerationChunk) -> tuple[str, GenerationChunk]:
+    parts, last = [first.text], first
+    if first.finish_reason is None:
+        async for chunk in call.rest():
+            parts.append(chunk.text)
+            last = chunk
+    call.cancel()
+    return "".join(parts), last
+
+
+async def sse(
+    call: ChunkSource,
+    first: GenerationChunk,
+    reply: Reply,
+    include_usage: bool,
+    on_end: Callable[[GenerationChunk | None], None],
+    on_complete: Callable[[str, GenerationChunk], Awaitable[None]] | None = None,
+) -> AsyncIterator[bytes]:
+    """The event stream; `on_end` gets the last chunk (None if the stream broke).
+    `on_complete` gets the whole text and the last chunk once that chunk (the one with a
+    finish reason) has been sent, before [DONE]: never for a stream that broke, nor for
+    one whose client left first."""
+    last: GenerationChunk | None = first
+    parts = [first.text]
+    try:
+        yield reply.chunk(first.text, first.finish_reason, first=True)
+        if first.finish_reason is None:
+            async for chunk in call.rest():
+                last = chunk
+                parts.append(chunk.text)
+                yield reply.chunk(chunk.text, chunk.finish_reason, first=False)
+        if on_complete is not None and last is not None and last.finish_reason is not None:
+            await on_complete("".join(parts), last)
+        if include_usage and last is not None:
+            yield reply.usage_chunk(last)
+        yield b"data: [DONE]\n\n"
+    except TributaryError as exc:
+        last = None
+        yield b"data: " + orjson.dumps(exc.body()) + b"\n\n"
+    finally:
+        call.cancel()
+        on_end(last)
+
+
+def _no_replica(model: str) -> NotReady:
+    return NotReady(f"Model '{model}' has no running replica; it is restarting. Retry shortly.")
+
+
+def _call_error(model: str, priority: Priority, exc: BaseException) -> BaseException:
+    if isinstance(exc, TributaryError | asyncio.CancelledError):
+        return exc
+    if isinstance(exc, RAY_CALL_ERRORS):
+        return ray_call_error(model, priority, exc)
+    logger.error("generation call to %s failed", model, exc_info=exc)
+    return ModelFailed()

@@ -1,0 +1,135 @@
+"""A formed batch's way through the model: its turn at the priority gate, the drop of items
+nobody waits for any more, the task's `compute` on a model thread, and what the pass teaches.
+
+The gate lets one forward pass run at a time (or as many as the model threads), the most
+urgent waiting batch first, with ageing so the batch class always moves
+(core/batching/priority_gate.py). Just before the pass, items whose job ran out of time or
+lost its client are dropped, so the model never computes them. A pass that runs out of
+memory is split and retried (core/memory/split_retry.py) and halves the token budget; any
+other pass feeds the tuner its size, cost and the latency its jobs saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from deployments.core.batching.batch_tuner import BatchTuner
+from deployments.core.batching.priority_gate import PriorityGate
+from deployments.core.memory.split_retry import SplitReport, run_split
+from deployments.core.metrics.metrics import TributaryMetrics
+from deployments.core.priority import Priority
+from deployments.replicas.batched.batched_jobs import EXPIRED, BatchItem, Dropped, split_live
+from deployments.replicas.batched.model_threads import ModelThreads
+from deployments.replicas.batched.pass_counters import PassCounters
+from deployments.replicas.batched.replica_memory import ReplicaMemory
+from deployments.replicas.memory import is_memory_fault, release_cached_memory
+
+logger = logging.getLogger("ray.serve")
+
+
+class ForwardPasses:
+    def __init__(
+        self,
+        name: str,
+        compute: Callable[[list[Any]], list[Any]],
+        threads: ModelThreads,
+        tuner: BatchTuner,
+        retune: Callable[[], None],
+        counters: PassCounters,
+        memory: ReplicaMemory,
+        metrics: TributaryMetrics,
+    ) -> None:
+        """`compute`: the task's forward pass over live items; `retune`: hands the tuner's
+        plans to the queues after it learned something."""
+        self._name = name
+        self._compute = compute
+        self._threads = threads
+        self._tuner = tuner
+        self._retune = retune
+        self._counters = counters
+        self._memory = memory
+        self._metrics = metrics
+        self.gate = PriorityGate({}, capacity=threads.passes)
+
+    async def run(self, priority: Priority, items: list[Any]) -> list[Any]:
+        """One batch of the class: per item its result, a `Dropped`, or the exception it
+        failed with."""
+        async with self.gate.turn(priority):
+            # One loop turn first: a cancel or a forget note that arrived during the last
+            # forward pass is queued on this loop, and must land before we decide.
+            await asyncio.sleep(0)
+            started = time.monotonic()
+            live, marks = split_live(items, started)
+            self._note_drops(priority, marks, items)
+            results: list[Any] = []
+            if live:
+                results, report = await self._threads.run(
+                    run_split, live, self._compute, is_memory_fault, release_cached_memory
+                )
+                self._counters.ran(priority, len(live))
+                if report.faults:
+                    self._memory_faulted(priority, live, report)
+                else:
+                    self._measure(priority, live, started)
+        computed = iter(results)
+        return [mark if mark is not None else next(computed) for mark in marks]
+
+    def _memory_faulted(
+        self, priority: Priority, live: list[BatchItem], report: SplitReport
+    ) -> None:
+        """Count it and halve the token budget. Its time is not a pass's cost, so the cost
+        model does not see it."""
+        self._memory.faulted(report)
+        padded = len(live) * max(item.tokens for item in live)
+        self._tuner.memory_fault(padded)
+        self._retune()
+        logger.warning(
+            "%s: a %s pass of %d inputs (%d padded tokens) ran out of memory: %d faults, "
+            "%d splits, %d inputs failed alone; token budget now %s",
+            self._name,
+            priority.label,
+            len(live),
+            padded,
+            report.faults,
+            report.splits,
+            report.failed_alone,
+            self._tuner.backoff.cap,
+        )
+
+    def _measure(self, priority: Priority, live: list[BatchItem], started: float) -> None:
+        # One state per job in the batch (its items arrived together): one queue wait each.
+        states = {id(item.state): item.state for item in live}
+        padded_tokens = len(live) * max(item.tokens for item in live)
+        inference_s = time.monotonic() - started
+        self._metrics.batch_ran(
+            self._name,
+            priority.label,
+            size=len(live),
+            padded_tokens=padded_tokens,
+            inference_s=inference_s,
+            queue_waits_s=[started - state.arrived for state in states.values()],
+        )
+        self._tuner.ran(priority.label, len(live), padded_tokens, inference_s)
+        ended = time.monotonic()
+        # From the ingress's arrival, not this replica's: a target is the client's, and
+        # under load the ingress's queue is part of what it waits. (The hop here is not:
+        # the ingress can only say what was spent when the call left.)
+        self._tuner.waited(
+            priority.label, [(state.arrived, ended - state.began) for state in states.values()]
+        )
+        self._retune()
+        fit = self._tuner.cost.current
+        if fit is not None:
+            self._metrics.cost_model(self._name, fit)
+        self._memory.read_device(self._tuner.backoff.ceiling)
+
+    def _note_drops(
+        self, priority: Priority, marks: Sequence[Dropped | None], items: Sequence[BatchItem]
+    ) -> None:
+        for reason, count in self._counters.dropped(marks, items).items():
+            label = "deadline" if reason == EXPIRED else reason
+            self._metrics.items_dropped(self._name, priority.label, label, count)
