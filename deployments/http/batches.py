@@ -56,7 +56,7 @@ def _errors(extra: dict[int, str] | None = None) -> dict[int | str, dict[str, An
 
 def _caller(request: Request) -> tuple[BatchService, Tenant | None]:
     ingress = ingress_of(request)
-    tenant = ingress.authenticate(ingress.read_meta(request.headers))
+    tenant = ingress.gate.authenticate(request.headers.get("authorization"))
     service: BatchService = request.app.state.batches
     service.start()  # where no lifespan ran (tests with the ASGI app alone)
     return service, tenant
@@ -107,7 +107,7 @@ def install_batch_routes(app: FastAPI, service: BatchService) -> None:
     @app.post("/v1/batches", openapi_extra=BATCH_BODY, responses=_errors())
     async def create_batch(request: Request) -> Response:
         service, tenant = _caller(request)
-        body = await read_body(request, ingress_of(request).max_body_bytes)
+        body = await read_body(request, ingress_of(request).config.ingress.max_body_bytes)
         return json_response(await service.create(tenant, body))
 
     @app.get("/v1/batches", responses=_errors())

@@ -11,11 +11,11 @@ from fastapi import Request
 from starlette.responses import Response
 
 from deployments.errors import InvalidRequest, PayloadTooLarge
+from deployments.ingress.api.request_meta import RequestMeta, read_meta
 from deployments.ingress.tasks.embeddings import to_json
 
 if TYPE_CHECKING:
     from deployments.core.access.access import Tenant
-    from deployments.ingress.api.request_meta import RequestMeta
     from deployments.ingress.ingress import Ingress
 
 
@@ -36,9 +36,9 @@ async def read_call(request: Request) -> tuple[Ingress, RequestMeta, Tenant | No
     """The ingress, the headers, the caller (checked before reading a body a stranger sent)
     and the body."""
     ingress = ingress_of(request)
-    meta = ingress.read_meta(request.headers)
-    tenant = ingress.authenticate(meta)
-    body = await read_body(request, ingress.max_body_bytes)
+    meta = read_meta(request.headers, ingress.config.ingress.admission.max_timeout_s)
+    tenant = ingress.gate.authenticate(meta.authorization)
+    body = await read_body(request, ingress.config.ingress.max_body_bytes)
     return ingress, meta, tenant, body
 
 

@@ -109,7 +109,7 @@ def _route(
             200: {"model": answer},
             **error_responses(
                 {
-                    413: f"The body is over {ingress.max_body_bytes} bytes, or it has more "
+                    413: f"The body is over {config.ingress.max_body_bytes} bytes, or it has more "
                     f"texts than the model's max_inputs ({max_inputs or 'no embedding model'})."
                 }
             ),

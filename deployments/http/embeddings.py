@@ -33,7 +33,7 @@ def install_embedding_routes(app: FastAPI, ingress: Ingress) -> None:
             200: {"model": EmbeddingResponse},
             **error_responses(
                 {
-                    413: f"The body is over {ingress.max_body_bytes} bytes, or it has more "
+                    413: f"The body is over {config.ingress.max_body_bytes} bytes, or it has more "
                     f"inputs than the model's max_inputs ({max_inputs or 'no embedding model'})."
                 }
             ),

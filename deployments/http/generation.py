@@ -41,8 +41,9 @@ def _route(app: FastAPI, ingress: Ingress, path: str, chat: bool, schema: type) 
             return StreamingResponse(answer.events, media_type="text/event-stream", headers=headers)
         return json_response(answer.body, headers=answer.headers)
 
-    max_timeout_s = ingress.config.ingress.admission.max_timeout_s
-    too_large = f"The body is over {ingress.max_body_bytes} bytes."
+    config = ingress.config
+    max_timeout_s = config.ingress.admission.max_timeout_s
+    too_large = f"The body is over {config.ingress.max_body_bytes} bytes."
     app.post(
         path,
         openapi_extra=json_request_body(schema, max_timeout_s),

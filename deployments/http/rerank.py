@@ -49,7 +49,7 @@ def _route(
             200: {"model": answer},
             **error_responses(
                 {
-                    413: f"The body is over {ingress.max_body_bytes} bytes, or it has more "
+                    413: f"The body is over {config.ingress.max_body_bytes} bytes, or it has more "
                     f"documents than the model's max_documents "
                     f"({max_documents or 'no rerank model'})."
                 }

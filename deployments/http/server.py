@@ -78,7 +78,7 @@ def build_http_app(ingress: Ingress) -> FastAPI:
     )
     app.state.ingress = ingress
     _install_error_handlers(app)
-    install_openapi(app, REQUEST_MODELS, keys_required=not ingress.access.is_open)
+    install_openapi(app, REQUEST_MODELS, keys_required=not ingress.gate.is_open)
     install_embedding_routes(app, ingress)
     install_rerank_routes(app, ingress)
     install_generation_routes(app, ingress)

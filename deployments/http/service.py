@@ -24,7 +24,7 @@ def install_service_routes(app: FastAPI) -> None:
     async def healthz(request: Request) -> Response:
         head = request.method == "HEAD"
         try:
-            await ingress_of(request).health()
+            await ingress_of(request).health.check()
         except TributaryError as exc:
             if not head:
                 raise
@@ -41,7 +41,7 @@ def install_service_routes(app: FastAPI) -> None:
 
     @app.get("/v1/stats")
     async def stats(request: Request) -> Response:
-        stats = await ingress_of(request).stats()
+        stats = await ingress_of(request).stats.gather()
         batches = await batch_summary(request)
         return json_response(stats if batches is None else {**stats, "batches": batches})
 

@@ -7,14 +7,12 @@ with `serve.ingress()`. Tests build the same subclass with fake handles.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import ray
 
@@ -24,7 +22,7 @@ from deployments.config import (
     GenerationModelConfig,
     RerankModelConfig,
 )
-from deployments.core.access.access import AccessDenied, Tenant, estimate_tokens
+from deployments.core.access.access import Tenant, estimate_tokens
 from deployments.core.admission.held_requests import HeldRequests
 from deployments.core.gc_policy import relax_collector
 from deployments.core.metrics.metrics import TributaryMetrics
@@ -36,19 +34,10 @@ from deployments.core.protocol import (
     Rejection,
 )
 from deployments.core.rollout.traffic import split_pin
-from deployments.errors import (
-    Forbidden,
-    InvalidRequest,
-    ModelNotFound,
-    NotReady,
-    RateLimited,
-    TributaryError,
-    Unauthorized,
-    rejection_error,
-)
-from deployments.ingress.access.tenants import build_access_control
+from deployments.errors import InvalidRequest, ModelNotFound, rejection_error
+from deployments.ingress.access.gate import AccessGate
 from deployments.ingress.api.generation_schemas import parse_generation_request
-from deployments.ingress.api.request_meta import RequestMeta, choose_priority, read_meta
+from deployments.ingress.api.request_meta import RequestMeta, choose_priority
 from deployments.ingress.api.rerank_schemas import Dialect, parse_rerank_request
 from deployments.ingress.cache.generation_cache import (
     cached_completion,
@@ -58,10 +47,11 @@ from deployments.ingress.cache.generation_cache import (
 from deployments.ingress.cache.item_cache import ItemCaches, cached_run, with_cached_inputs
 from deployments.ingress.calls.model_client import ModelClient, overloaded
 from deployments.ingress.calls.observe import RequestObserver, note_request, observed
-from deployments.ingress.rollout.catalog import Catalog, replica_watch_for, version_key
+from deployments.ingress.rollout.catalog import Catalog, replica_watch_for
 from deployments.ingress.rollout.versions import Version
-from deployments.ingress.status.readiness import engines_problem, serve_readiness
-from deployments.ingress.status.stats_gather import gather_stats
+from deployments.ingress.status.health import Health, ReadinessCheck
+from deployments.ingress.status.model_list import model_list
+from deployments.ingress.status.stats_gather import Stats
 from deployments.ingress.tasks.embed_dialects import (
     EmbedDialect,
     find_model,
@@ -85,13 +75,6 @@ from deployments.ingress.tasks.shadow import (
     compare_rerank,
 )
 from deployments.metrics import build_metrics
-
-T = TypeVar("T")
-
-logger = logging.getLogger("ray.serve")
-
-
-ReadinessCheck = Callable[[], Awaitable[str | None]]
 
 
 @dataclass
@@ -128,13 +111,14 @@ class Ingress:
             app_handle or _serve_app_handle,
         )
         self._created = int(time.time())
-        self._readiness = readiness or serve_readiness
-        self.access = build_access_control(self.config.auth)
-        self._denied: dict[str, int] = {}
+        self.gate = AccessGate(self.config.auth)
         self.cache = ItemCaches(self.config.cache, self.observer.metrics)
         self.held = HeldRequests(self.config.ingress.admission.max_held_requests)
-        if self.access.is_open:
-            _warn_if_open_to_the_network()
+        self.health = Health(self.catalog, readiness)
+        self.stats = Stats(
+            self.catalog, self.observer, self.shadows, self.cache, self.gate, self.held
+        )
+        self.gate.warn_if_open_to_the_network()
         if metrics is None and ray.is_initialized():  # in a replica, not a test's process
             relax_collector()
 
@@ -165,58 +149,8 @@ class Ingress:
             for version, share in table.shares().items():
                 self.observer.metrics.traffic_weight(name, version, share)
 
-    @property
-    def max_body_bytes(self) -> int:
-        return self.config.ingress.max_body_bytes
-
     def list_models(self) -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": name,
-                    "object": "model",
-                    "created": self._created,
-                    "owned_by": "tributary",
-                    "task": table.task,
-                    "versions": table.describe(),
-                }
-                for name, table in self.catalog.tables.items()
-                if table.base is not None
-            ],
-        }
-
-    def _generation_handles(self) -> dict[str, Any]:
-        # A model with one version is named alone, as clients know it.
-        return {
-            name if len(self.catalog.table(name).versions) == 1 else version_key(name, v.label): (
-                v.handle
-            )
-            for name, v in self.catalog.versions_of_task("generation")
-        }
-
-    async def health(self) -> None:
-        # Both at once: /healthz must turn within ~1 s of an engine's death.
-        watches = [
-            (name, v.watch)
-            for name, v in self.catalog.versions_of_task("generation")
-            if v.watch is not None
-        ]
-        down = [name for name, watch in watches if watch.down]
-        if down:  # known without asking: asking a model with no replica waits out a timeout
-            raise NotReady(f"Generation model '{down[0]}' has no running replica; restarting.")
-        doubted = [name for name, watch in watches if watch.in_doubt]
-        if doubted:  # within ms of the death, not after the first probe's timeout
-            raise NotReady(f"A replica of generation model '{doubted[0]}' died; checking.")
-        problems = await asyncio.gather(
-            self._readiness(), engines_problem(self._generation_handles())
-        )
-        problem = next((p for p in problems if p is not None), None)
-        if problem is not None:
-            raise NotReady(problem)
-
-    def read_meta(self, headers: Mapping[str, str]) -> RequestMeta:
-        return read_meta(headers, self.config.ingress.admission.max_timeout_s)
+        return model_list(self.catalog, self._created)
 
     def _route(
         self, asked: str | None, meta: RequestMeta, tenant: Tenant | None, user: str | None
@@ -339,7 +273,7 @@ class Ingress:
         name = version.config.name
         texts = job.prompt or " ".join(m["content"] for m in job.messages or [])
         estimate = estimate_tokens([texts]) + job.max_tokens
-        charge = self._guard(lambda: self.access.hold(tenant, estimate))
+        charge = self.gate.hold(tenant, estimate)
         timeout_s = timeout_for(self.config.ingress.admission, priority, meta.timeout_s)
         assert version.watch is not None
         call = GenerationCall(name, version.handle, priority, timeout_s, version.watch)
@@ -359,7 +293,7 @@ class Ingress:
         """Labels the request with its model, checks the tenant may use that model, and
         returns its class: the one asked for (header or body), capped at the tenant's tier."""
         note_request(model=model.name, version=version.label)
-        self._guard(lambda: self.access.authorize(tenant, model.name))
+        self.gate.authorize(tenant, model.name)
         asked = choose_priority(meta.priority, body_priority)
         return asked if tenant is None else asked.capped_at(tenant.tier)
 
@@ -402,7 +336,7 @@ class Ingress:
         refusal = self.held.check(priority)
         if refusal is not None:
             raise overloaded(model, priority, refusal)
-        charge = self._guard(lambda: self.access.hold(tenant, estimate))
+        charge = self.gate.hold(tenant, estimate)
         admission = self.config.ingress.admission.of(priority.label)
         timeout_s = meta.timeout_s if meta.timeout_s is not None else admission.timeout_s
         table = self.catalog.table(model)
@@ -424,66 +358,6 @@ class Ingress:
         compare = compare_embeddings if isinstance(job, EmbedJob) else compare_rerank
         self.shadows.maybe_send(table, version, outcome, time.monotonic() - started, run, compare)
         return outcome
-
-    def authenticate(self, meta: RequestMeta) -> Tenant | None:
-        tenant: Tenant | None = None
-
-        def check() -> None:
-            nonlocal tenant
-            tenant = self.access.authenticate(meta.authorization)
-
-        self._guard(check)
-        return tenant
-
-    def _guard(self, check: Callable[[], T]) -> T:
-        try:
-            return check()
-        except AccessDenied as exc:
-            self._denied[exc.kind] = self._denied.get(exc.kind, 0) + 1
-            raise _access_error(exc) from None
-
-    async def stats(self) -> dict[str, Any]:
-        """Per model: this ingress replica's queues, one replica's counters of each
-        version, the split, shadow agreement and the guard (stats_gather.py), and the
-        result cache's counts."""
-        stats = await gather_stats(self.catalog, self.observer, self.shadows)
-        for name, cache_stats in self.cache.stats().items():
-            if name in stats["models"]:
-                stats["models"][name]["cache"] = cache_stats
-        return {**stats, "access_denied": dict(self._denied), "held_requests": self.held.report()}
-
-
-def _access_error(exc: AccessDenied) -> TributaryError:
-    if exc.kind in ("missing_key", "invalid_key"):
-        return Unauthorized(exc.message)
-    if exc.kind == "model_not_allowed":
-        return Forbidden(exc.message, param="model")
-    return RateLimited(exc.message, retry_after_s=exc.retry_after_s)
-
-
-def _warn_if_open_to_the_network() -> None:
-    host = _http_host()
-    if host is not None and host not in ("127.0.0.1", "localhost", "::1"):
-        logger.warning(
-            "No API keys are configured and the HTTP server listens on %s: anyone who can "
-            "reach it can use every model. Add tenants under auth: in the config "
-            "(docs/api.md, 'API keys').",
-            host,
-        )
-
-
-def _http_host() -> str | None:
-    # Serve keeps the HTTP options with its controller; there is no public getter.
-    try:
-        from ray.serve.context import _get_global_client
-
-        if not ray.is_initialized():
-            return None  # not in a replica (tests, benchmarks): asking would start a Ray
-
-        client = _get_global_client()
-        return None if client is None else str(client.http_config.host)
-    except Exception:
-        return None
 
 
 def _client_of(version: Version) -> ModelClient[Any, Any]:

@@ -64,11 +64,12 @@ SUB_RANKS: dict[str, dict[str, int]] = {
         "rollout": 2,
         "tasks": 3,
         "cache": 4,
-        "status": 4,
+        # What the ingress tells of itself: health, the model list, stats (of the cache too).
+        "status": 5,
         # ingress.py: the request pipeline.
-        "": 5,
+        "": 6,
         # The Batch API runs its lines through the pipeline.
-        "batches": 6,
+        "batches": 7,
     },
     "deployments.replicas": {"": 0, "batched": 1, "generation": 1},
 }

@@ -56,10 +56,10 @@ class IngressLines:
         return LineAnswer(200, to_json(answer.body))
 
     def _tenant(self, name: str) -> Tenant | None:
-        access = self.ingress.access
-        if access.is_open:
+        gate = self.ingress.gate
+        if gate.is_open:
             return None
-        tenant = access.tenant_named(name)
+        tenant = gate.tenant_named(name)
         if tenant is None:  # its keys were removed since: it may no longer use the server
             raise Unauthorized(f"The batch's tenant {name!r} is no longer configured.")
         return tenant

@@ -1,11 +1,15 @@
 """`GET /v1/stats`: per model, this ingress replica's queues and one replica's counters of
-each version, the traffic split, shadow agreement and the canary guard."""
+each version, the traffic split, shadow agreement, the canary guard and the result cache;
+then the ingress's refusals at the door and the requests it holds."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+from deployments.core.admission.held_requests import HeldRequests
+from deployments.ingress.access.gate import AccessGate
+from deployments.ingress.cache.item_cache import ItemCaches
 from deployments.ingress.calls.observe import RequestObserver
 from deployments.ingress.rollout.catalog import Catalog
 from deployments.ingress.rollout.versions import Version
@@ -14,6 +18,33 @@ from deployments.ingress.tasks.shadow import ShadowCopies
 
 # A version whose application went away must not hold up the whole answer.
 INFO_TIMEOUT_S = 5.0
+
+
+class Stats:
+    def __init__(
+        self,
+        catalog: Catalog,
+        observer: RequestObserver,
+        shadows: ShadowCopies,
+        cache: ItemCaches,
+        gate: AccessGate,
+        held: HeldRequests,
+    ) -> None:
+        self._parts = (catalog, observer, shadows)
+        self._cache = cache
+        self._gate = gate
+        self._held = held
+
+    async def gather(self) -> dict[str, Any]:
+        stats = await gather_stats(*self._parts)
+        for name, cache_stats in self._cache.stats().items():
+            if name in stats["models"]:
+                stats["models"][name]["cache"] = cache_stats
+        return {
+            **stats,
+            "access_denied": self._gate.denied(),
+            "held_requests": self._held.report(),
+        }
 
 
 async def gather_stats(
