@@ -1,4 +1,5 @@
-"""What every route module shares: the ingress behind the app, reading a call, a JSON answer.
+"""What every route module shares: the ingress behind the app, reading a call, a model
+route in any dialect, a JSON answer.
 
 A leaf: the route modules import it, it imports none of them.
 """
@@ -7,10 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fastapi import Request
-from starlette.responses import Response
+from fastapi import FastAPI, Request
+from starlette.responses import Response, StreamingResponse
 
 from deployments.errors import InvalidRequest, PayloadTooLarge
+from deployments.http.openapi import json_request_body
+from deployments.ingress.api.dialects import Dialect
 from deployments.ingress.api.request_meta import RequestMeta, read_meta
 from deployments.ingress.tasks.embeddings import to_json
 
@@ -30,6 +33,34 @@ def json_response(
 ) -> Response:
     content = b"" if head else to_json(body)
     return Response(content, status_code=status, media_type="application/json", headers=headers)
+
+
+def install_model_route(
+    app: FastAPI,
+    ingress: Ingress,
+    path: str,
+    dialect: Dialect,
+    responses: dict[int | str, dict[str, Any]],
+    name: str,
+) -> None:
+    """POST `path`: a request in `dialect` to its task's model. `ingress` only words the
+    OpenAPI document; the route reads the ingress from app.state."""
+
+    async def call_model(request: Request) -> Response:
+        ingress, meta, tenant, body = await read_call(request)
+        answer = await ingress.answer(dialect, body, meta, tenant)
+        if answer.events is not None:
+            headers = {**answer.headers, "Cache-Control": "no-cache"}
+            return StreamingResponse(answer.events, media_type="text/event-stream", headers=headers)
+        return json_response(answer.body, headers=answer.headers)
+
+    max_timeout_s = ingress.config.ingress.admission.max_timeout_s
+    app.post(
+        path,
+        openapi_extra=json_request_body(dialect.request, max_timeout_s),
+        responses=responses,
+        name=name,
+    )(call_model)
 
 
 async def read_call(request: Request) -> tuple[Ingress, RequestMeta, Tenant | None, bytes]:

@@ -11,8 +11,9 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 
 from deployments.config import ModelBatching
-from deployments.http.common import ingress_of, json_response, read_call
-from deployments.http.openapi import error_responses, json_request_body
+from deployments.http.common import ingress_of, install_model_route, json_response
+from deployments.http.openapi import error_responses
+from deployments.ingress.api.dialects import COHERE_EMBED_V1, COHERE_EMBED_V2, TEI_EMBED, Dialect
 from deployments.ingress.api.embed_schemas import (
     CohereEmbedRequest,
     CohereEmbedResponse,
@@ -21,7 +22,6 @@ from deployments.ingress.api.embed_schemas import (
     TeiInfo,
 )
 from deployments.ingress.api.schemas import ErrorBody
-from deployments.ingress.tasks.embed_dialects import EmbedDialect
 
 if TYPE_CHECKING:
     from deployments.config import EmbeddingModelConfig
@@ -32,14 +32,17 @@ VERSION = "0.1.0"
 
 
 def install_embed_dialect_routes(app: FastAPI, ingress: Ingress) -> None:
-    routes: tuple[tuple[str, str, EmbedDialect, type, Any], ...] = (
-        ("/v1/embed", "embed_cohere_v1", "cohere-v1", CohereEmbedRequest, CohereEmbedResponse),
-        ("/v2/embed", "embed_cohere_v2", "cohere-v2", CohereEmbedV2Request, CohereEmbedResponse),
-        ("/embed", "embed_tei", "tei", TeiEmbedRequest, list[list[float]]),
-        ("/", "embed_tei_root", "tei", TeiEmbedRequest, list[list[float]]),
+    routes: tuple[tuple[str, str, Dialect, Any], ...] = (
+        ("/v1/embed", "embed_cohere_v1", COHERE_EMBED_V1, CohereEmbedResponse),
+        ("/v2/embed", "embed_cohere_v2", COHERE_EMBED_V2, CohereEmbedResponse),
+        ("/embed", "embed_tei", TEI_EMBED, list[list[float]]),
+        ("/", "embed_tei_root", TEI_EMBED, list[list[float]]),
     )
-    for path, name, dialect, schema, answer in routes:
-        _route(app, ingress, path, name, dialect, schema, answer)
+    too_large = error_responses({413: too_many_inputs(ingress, "texts")})
+    for path, name, dialect, answer in routes:
+        install_model_route(
+            app, ingress, path, dialect, {200: {"model": answer}, **too_large}, name
+        )
 
     async def info(request: Request) -> Response:
         model, replica = await ingress_of(request).embedding_model_info()
@@ -86,33 +89,10 @@ def live_batching(model: EmbeddingModelConfig, replica: dict[str, Any]) -> Model
     return model.batching if reported is None else ModelBatching.model_validate(reported)
 
 
-def _route(
-    app: FastAPI,
-    ingress: Ingress,
-    path: str,
-    name: str,
-    dialect: EmbedDialect,
-    schema: type,
-    answer: Any,
-) -> None:
-    async def embed(request: Request) -> Response:
-        ingress, meta, tenant, body = await read_call(request)
-        result = await ingress.embed(body, meta, tenant, dialect)
-        return json_response(result.body, headers=result.headers)
-
+def too_many_inputs(ingress: Ingress, what: str) -> str:
     config = ingress.config
     max_inputs = ", ".join(f"{m.name}: {m.max_inputs}" for m in config.embedding_models)
-    app.post(
-        path,
-        openapi_extra=json_request_body(schema, config.ingress.admission.max_timeout_s),
-        responses={
-            200: {"model": answer},
-            **error_responses(
-                {
-                    413: f"The body is over {config.ingress.max_body_bytes} bytes, or it has more "
-                    f"texts than the model's max_inputs ({max_inputs or 'no embedding model'})."
-                }
-            ),
-        },
-        name=name,
-    )(embed)
+    return (
+        f"The body is over {config.ingress.max_body_bytes} bytes, or it has more {what} "
+        f"than the model's max_inputs ({max_inputs or 'no embedding model'})."
+    )

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request
-from starlette.responses import Response, StreamingResponse
+from fastapi import FastAPI
 
-from deployments.http.common import json_response, read_call
-from deployments.http.openapi import error_responses, json_request_body
-from deployments.ingress.api.generation_schemas import ChatCompletionRequest, CompletionRequest
+from deployments.http.common import install_model_route
+from deployments.http.openapi import error_responses
+from deployments.ingress.api.dialects import OPENAI_CHAT, OPENAI_COMPLETIONS
 
 if TYPE_CHECKING:
     from deployments.ingress.ingress import Ingress
@@ -25,37 +24,19 @@ GENERATION_ERRORS = {
 
 
 def install_generation_routes(app: FastAPI, ingress: Ingress) -> None:
-    for path, chat, schema in (
-        ("/v1/chat/completions", True, ChatCompletionRequest),
-        ("/v1/completions", False, CompletionRequest),
-    ):
-        _route(app, ingress, path, chat, schema)
-
-
-def _route(app: FastAPI, ingress: Ingress, path: str, chat: bool, schema: type) -> None:
-    async def complete(request: Request) -> Response:
-        ingress, meta, tenant, body = await read_call(request)
-        answer = await ingress.generate(body, meta, tenant, chat)
-        if answer.events is not None:
-            headers = {**answer.headers, "Cache-Control": "no-cache"}
-            return StreamingResponse(answer.events, media_type="text/event-stream", headers=headers)
-        return json_response(answer.body, headers=answer.headers)
-
-    config = ingress.config
-    max_timeout_s = config.ingress.admission.max_timeout_s
-    too_large = f"The body is over {config.ingress.max_body_bytes} bytes."
-    app.post(
-        path,
-        openapi_extra=json_request_body(schema, max_timeout_s),
-        responses={
-            200: {
-                "description": "A completion, or with `stream: true` server-sent events.",
-                "content": {
-                    "application/json": {"schema": {"type": "object"}},
-                    "text/event-stream": {"schema": {"type": "string"}},
-                },
+    too_large = f"The body is over {ingress.config.ingress.max_body_bytes} bytes."
+    responses: dict[int | str, dict[str, Any]] = {
+        200: {
+            "description": "A completion, or with `stream: true` server-sent events.",
+            "content": {
+                "application/json": {"schema": {"type": "object"}},
+                "text/event-stream": {"schema": {"type": "string"}},
             },
-            **error_responses({**GENERATION_ERRORS, 413: too_large}),
         },
-        name="chat_completions" if chat else "completions",
-    )(complete)
+        **error_responses({**GENERATION_ERRORS, 413: too_large}),
+    }
+    for path, name, dialect in (
+        ("/v1/chat/completions", "chat_completions", OPENAI_CHAT),
+        ("/v1/completions", "completions", OPENAI_COMPLETIONS),
+    ):
+        install_model_route(app, ingress, path, dialect, responses, name)

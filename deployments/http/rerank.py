@@ -5,55 +5,32 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request
-from starlette.responses import Response
+from fastapi import FastAPI
 
-from deployments.http.common import json_response, read_call
-from deployments.http.openapi import error_responses, json_request_body
-from deployments.ingress.api.rerank_schemas import (
-    Dialect,
-    RerankRequest,
-    RerankResponse,
-    TeiRank,
-    TeiRerankRequest,
-)
+from deployments.http.common import install_model_route
+from deployments.http.openapi import error_responses
+from deployments.ingress.api.dialects import COHERE_RERANK, JINA_RERANK, TEI_RERANK, Dialect
+from deployments.ingress.api.rerank_schemas import RerankResponse, TeiRank
 
 if TYPE_CHECKING:
     from deployments.ingress.ingress import Ingress
 
 
 def install_rerank_routes(app: FastAPI, ingress: Ingress) -> None:
-    routes: tuple[tuple[str, Dialect, type, Any], ...] = (
-        ("/v1/rerank", "v1", RerankRequest, RerankResponse),
-        ("/v2/rerank", "v2", RerankRequest, RerankResponse),
-        ("/rerank", "tei", TeiRerankRequest, list[TeiRank]),
-    )
-    for path, dialect, schema, answer in routes:
-        _route(app, ingress, path, dialect, schema, answer)
-
-
-def _route(
-    app: FastAPI, ingress: Ingress, path: str, dialect: Dialect, schema: type, answer: Any
-) -> None:
-    async def rerank(request: Request) -> Response:
-        ingress, meta, tenant, body = await read_call(request)
-        result = await ingress.rerank(body, meta, tenant, dialect)
-        return json_response(result.body, headers=result.headers)
-
     config = ingress.config
     max_documents = ", ".join(f"{m.name}: {m.max_documents}" for m in config.rerank_models)
-    app.post(
-        path,
-        openapi_extra=json_request_body(schema, config.ingress.admission.max_timeout_s),
-        responses={
-            200: {"model": answer},
-            **error_responses(
-                {
-                    413: f"The body is over {config.ingress.max_body_bytes} bytes, or it has more "
-                    f"documents than the model's max_documents "
-                    f"({max_documents or 'no rerank model'})."
-                }
-            ),
-        },
-        name=f"rerank_{dialect}",
-    )(rerank)
+    too_large = error_responses(
+        {
+            413: f"The body is over {config.ingress.max_body_bytes} bytes, or it has more "
+            f"documents than the model's max_documents ({max_documents or 'no rerank model'})."
+        }
+    )
+    routes: tuple[tuple[str, str, Dialect, Any], ...] = (
+        ("/v1/rerank", "rerank_v1", COHERE_RERANK, RerankResponse),
+        ("/v2/rerank", "rerank_v2", JINA_RERANK, RerankResponse),
+        ("/rerank", "rerank_tei", TEI_RERANK, list[TeiRank]),
+    )
+    for path, name, dialect, answer in routes:
+        install_model_route(
+            app, ingress, path, dialect, {200: {"model": answer}, **too_large}, name
+        )

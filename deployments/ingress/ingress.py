@@ -36,9 +36,8 @@ from deployments.core.protocol import (
 from deployments.core.rollout.traffic import split_pin
 from deployments.errors import InvalidRequest, ModelNotFound, rejection_error
 from deployments.ingress.access.gate import AccessGate
-from deployments.ingress.api.generation_schemas import parse_generation_request
+from deployments.ingress.api.dialects import Dialect
 from deployments.ingress.api.request_meta import RequestMeta, choose_priority
-from deployments.ingress.api.rerank_schemas import Dialect, parse_rerank_request
 from deployments.ingress.cache.generation_cache import (
     cached_completion,
     stream_answer,
@@ -53,7 +52,6 @@ from deployments.ingress.status.health import Health, ReadinessCheck
 from deployments.ingress.status.model_list import model_list
 from deployments.ingress.status.stats_gather import Stats
 from deployments.ingress.tasks.embed_dialects import (
-    EmbedDialect,
     find_model,
     parse_embed_call,
     refuse_wider_than_model,
@@ -65,9 +63,15 @@ from deployments.ingress.tasks.generation import (
     Reply,
     build_job,
     collect,
+    parse_generation_request,
     timeout_for,
 )
-from deployments.ingress.tasks.rerank import rerank_job, rerank_response, rerank_token_estimate
+from deployments.ingress.tasks.rerank import (
+    parse_rerank_request,
+    rerank_job,
+    rerank_response,
+    rerank_token_estimate,
+)
 from deployments.ingress.tasks.shadow import (
     SHADOW_TIMEOUT_S,
     ShadowCopies,
@@ -119,6 +123,7 @@ class Ingress:
             self.catalog, self.observer, self.shadows, self.cache, self.gate, self.held
         )
         self.gate.warn_if_open_to_the_network()
+        self._tasks = {"embedding": self.embed, "rerank": self.rerank, "generation": self.generate}
         if metrics is None and ray.is_initialized():  # in a replica, not a test's process
             relax_collector()
 
@@ -169,9 +174,16 @@ class Ingress:
         keys = {"session": meta.session, "user": user, "api_key": meta.authorization}
         return name, lambda found: self.catalog.table(found).choose(pin, keys)
 
+    async def answer(
+        self, dialect: Dialect, body: bytes, meta: RequestMeta, tenant: Tenant | None
+    ) -> Answer:
+        """A model request in any dialect (ingress/api/dialects.py): the one entry of the
+        HTTP routes and of the Batch API's lines."""
+        return await self._tasks[dialect.task](body, meta, tenant, dialect)
+
     @observed
     async def embed(
-        self, body: bytes, meta: RequestMeta, tenant: Tenant | None, dialect: EmbedDialect
+        self, body: bytes, meta: RequestMeta, tenant: Tenant | None, dialect: Dialect
     ) -> Answer:
         """/v1/embeddings, Cohere's /v1/embed and /v2/embed, TEI's /embed (embed_dialects)."""
         call = parse_embed_call(body, dialect)
@@ -198,6 +210,7 @@ class Ingress:
     async def rerank(
         self, body: bytes, meta: RequestMeta, tenant: Tenant | None, dialect: Dialect
     ) -> Answer:
+        """Cohere's /v1/rerank, Jina's /v2/rerank, TEI's /rerank (tasks/rerank.py)."""
         query = parse_rerank_request(body, dialect)
         models = self.catalog.of_task("rerank")
         asked, pick = self._route(query.model, meta, tenant, None)
@@ -222,10 +235,10 @@ class Ingress:
 
     @observed
     async def generate(
-        self, body: bytes, meta: RequestMeta, tenant: Tenant | None, chat: bool
+        self, body: bytes, meta: RequestMeta, tenant: Tenant | None, dialect: Dialect
     ) -> Answer:
-        """/v1/chat/completions (chat) and /v1/completions (ingress/tasks/generation.py)."""
-        request = parse_generation_request(body, chat)
+        """/v1/chat/completions and /v1/completions (ingress/tasks/generation.py)."""
+        request = parse_generation_request(body, dialect)
         name, pick = self._route(request.model, meta, tenant, request.user)
         model = self.catalog.of_task("generation").get(name or "")
         if model is None:
@@ -238,7 +251,7 @@ class Ingress:
         priority = self._admit(model, version, request.priority, meta, tenant)
         note_request(priority=priority.label, items=1)
         job = build_job(request, model, meta.request_id)
-        reply = Reply(chat, model.name)
+        reply = Reply(dialect, model.name)
         headers = _headers(priority, version)
         cached = cached_completion(self.cache, version.config, job, tenant, priority.label)
 

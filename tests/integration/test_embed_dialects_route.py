@@ -13,7 +13,8 @@ from sentence_transformers.util.quantization import quantize_embeddings
 from deployments.app import ingress_args
 from deployments.config import AppConfig, ModelBatching
 from deployments.core.protocol import EmbedJob
-from deployments.ingress.api.rerank_schemas import parse_rerank_request
+from deployments.ingress.api.dialects import TEI_RERANK
+from deployments.ingress.tasks.rerank import parse_rerank_request
 from tests.integration.conftest import CONFIG, DIM, Harness, fake_vector
 from tests.integration.test_embeddings_route import assert_error
 
@@ -204,7 +205,9 @@ async def test_tei_info_reports_the_models_own_batching_not_the_defaults() -> No
 async def test_tei_rerank_takes_its_truncation_direction(client: httpx.AsyncClient) -> None:
     for direction, truncate in (("Right", True), ("right", True), ("Left", False), ("left", None)):
         body = {"query": "q", "texts": ["a"], "truncation_direction": direction}
-        query = parse_rerank_request(json.dumps({**body, "truncate": truncate}).encode(), "tei")
+        query = parse_rerank_request(
+            json.dumps({**body, "truncate": truncate}).encode(), TEI_RERANK
+        )
         assert query.first_chunk_only is bool(truncate)
     body = {"query": "q", "texts": ["a"], "truncate": True, "truncation_direction": "Left"}
     assert_error(await client.post("/rerank", json=body), 400, "truncation_direction")

@@ -12,7 +12,8 @@ import orjson
 import pytest
 
 from deployments.errors import InvalidRequest
-from deployments.ingress.api.generation_schemas import parse_generation_request
+from deployments.ingress.api.dialects import OPENAI_COMPLETIONS
+from deployments.ingress.tasks.generation import parse_generation_request
 from tests.integration.conftest import CONFIG, Harness
 from tests.integration.test_embeddings_route import assert_error
 
@@ -92,7 +93,7 @@ async def test_malformed_ids_are_a_shape_error_not_a_refusal_of_ids(
 def test_completions_refuse_token_id_prompts_by_name(prompt: list) -> None:
     body = orjson.dumps({"model": "m", "prompt": prompt})
     with pytest.raises(InvalidRequest) as refused:
-        parse_generation_request(body, chat=False)
+        parse_generation_request(body, OPENAI_COMPLETIONS)
     assert refused.value.code == "token_ids_not_accepted"
     assert refused.value.param == "prompt" and "as text" in refused.value.message
 
@@ -101,5 +102,5 @@ def test_completions_refuse_token_id_prompts_by_name(prompt: list) -> None:
 def test_other_bad_prompts_stay_shape_errors(prompt: list) -> None:
     body = orjson.dumps({"model": "m", "prompt": prompt})
     with pytest.raises(InvalidRequest) as refused:
-        parse_generation_request(body, chat=False)
+        parse_generation_request(body, OPENAI_COMPLETIONS)
     assert refused.value.code != "token_ids_not_accepted" and refused.value.param == "prompt"

@@ -19,6 +19,7 @@ from deployments.core.generation_key import cacheable, is_greedy, job_content
 from deployments.core.priority import Priority
 from deployments.core.protocol import GenerationChunk, GenerationJob
 from deployments.errors import ModelFailed
+from deployments.ingress.api.dialects import OPENAI_CHAT, OPENAI_COMPLETIONS
 from deployments.ingress.cache.generation_cache import CachedCompletion, Replay, cached_completion
 from deployments.ingress.cache.item_cache import ItemCaches
 from deployments.ingress.tasks.generation import Reply, sse
@@ -210,7 +211,7 @@ async def streamed(rest: Chunks, leave_after: int | None = None) -> list[tuple[s
     async def store(text: str, last: GenerationChunk) -> None:
         stored.append((text, str(last.finish_reason)))
 
-    events = sse(rest, FIRST, Reply(False, "llm"), True, lambda _: None, store)
+    events = sse(rest, FIRST, Reply(OPENAI_COMPLETIONS, "llm"), True, lambda _: None, store)
     sent = 0
     async for _ in events:
         sent += 1
@@ -228,7 +229,7 @@ async def test_a_stream_is_stored_only_when_it_finished() -> None:
 
 
 async def test_a_replay_has_a_live_streams_shape() -> None:
-    reply = Reply(True, "llm")
+    reply = Reply(OPENAI_CHAT, "llm")
     reply.cached_inputs = 1
     replay = Replay(GenerationEntry("hello world", 3, 2, "length"))
     events = [e async for e in sse(replay, replay.first, reply, True, lambda _: None)]

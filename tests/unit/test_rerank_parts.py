@@ -14,7 +14,8 @@ from deployments.backends.encoders.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
 from deployments.core.relevance import to_relevance
 from deployments.errors import InvalidRequest
-from deployments.ingress.api.rerank_schemas import parse_rerank_request
+from deployments.ingress.api.dialects import COHERE_RERANK, JINA_RERANK, TEI_RERANK, Dialect
+from deployments.ingress.tasks.rerank import parse_rerank_request
 from tests.tiny_models import build_tiny_cross_encoder
 
 
@@ -30,32 +31,36 @@ def body(**fields: object) -> bytes:
 
 
 def test_parse_cohere_and_jina() -> None:
-    v1 = parse_rerank_request(body(model="m", query="q", documents=["a", {"text": "b"}]), "v1")
+    v1 = parse_rerank_request(
+        body(model="m", query="q", documents=["a", {"text": "b"}]), COHERE_RERANK
+    )
     assert v1.documents == ["a", "b"] and v1.return_documents and v1.top_n is None
     v2 = parse_rerank_request(
-        body(model="m", query="q", documents=["a"], top_n=3, max_tokens_per_doc=9), "v2"
+        body(model="m", query="q", documents=["a"], top_n=3, max_tokens_per_doc=9), JINA_RERANK
     )
     assert not v2.return_documents and v2.top_n == 3 and v2.max_tokens_per_doc == 9
 
 
 def test_parse_tei() -> None:
-    tei = parse_rerank_request(body(query="q", texts=["a"], return_text=True), "tei")
+    tei = parse_rerank_request(body(query="q", texts=["a"], return_text=True), TEI_RERANK)
     assert tei.model is None and tei.return_documents and not tei.first_chunk_only
-    assert parse_rerank_request(body(query="q", texts=["a"], truncate=True), "tei").first_chunk_only
+    assert parse_rerank_request(
+        body(query="q", texts=["a"], truncate=True), TEI_RERANK
+    ).first_chunk_only
 
 
 @pytest.mark.parametrize(
     ("fields", "dialect", "param"),
     [
-        ({"model": "m", "query": "q", "documents": [1]}, "v2", "documents"),
-        ({"model": "m", "query": "q", "documents": ["a"], "top_n": 0}, "v2", "top_n"),
-        ({"model": "m", "query": "", "documents": ["a"]}, "v1", "query"),
-        ({"query": "q", "texts": ["a"], "documents": ["a"]}, "tei", "documents"),
+        ({"model": "m", "query": "q", "documents": [1]}, JINA_RERANK, "documents"),
+        ({"model": "m", "query": "q", "documents": ["a"], "top_n": 0}, JINA_RERANK, "top_n"),
+        ({"model": "m", "query": "", "documents": ["a"]}, COHERE_RERANK, "query"),
+        ({"query": "q", "texts": ["a"], "documents": ["a"]}, TEI_RERANK, "documents"),
     ],
 )
-def test_parse_errors_name_the_field(fields: dict, dialect: str, param: str) -> None:
+def test_parse_errors_name_the_field(fields: dict, dialect: Dialect, param: str) -> None:
     with pytest.raises(InvalidRequest) as caught:
-        parse_rerank_request(json.dumps(fields).encode(), dialect)  # type: ignore[arg-type]
+        parse_rerank_request(json.dumps(fields).encode(), dialect)
     assert caught.value.param == param
 
 

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-import orjson
 from pydantic import (
     Field,
     StrictBool,
     StrictInt,
     StrictStr,
-    ValidationError,
     model_validator,
 )
 
-from deployments.errors import InvalidRequest
 from deployments.ingress.api.schemas import (
     INT64_MAX,
     INT64_MIN,
@@ -22,7 +19,6 @@ from deployments.ingress.api.schemas import (
     Count,
     NonEmptyStr,
     Number,
-    _as_invalid_request,
 )
 
 
@@ -87,15 +83,15 @@ class SamplingFields(ApiModel):
     @model_validator(mode="after")
     def _supported(self) -> SamplingFields:
         if self.n != 1:
-            raise _Unsupported("n", "Only n=1 is supported; send n requests instead.")
+            raise Unsupported("n", "Only n=1 is supported; send n requests instead.")
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name) != 0:
-                raise _Unsupported(name, f"'{name}' is not supported; leave it at 0.")
+                raise Unsupported(name, f"'{name}' is not supported; leave it at 0.")
         # `is`, not `in`: 0 == False in Python, and logprobs=0 still asks for logprobs.
         if self.logprobs is not None and self.logprobs is not False:
-            raise _Unsupported("logprobs", "'logprobs' is not supported.")
+            raise Unsupported("logprobs", "'logprobs' is not supported.")
         if self.stream_options is not None and not self.stream:
-            raise _Unsupported("stream_options", "'stream_options' needs 'stream': true.")
+            raise Unsupported("stream_options", "'stream_options' needs 'stream': true.")
         return self
 
     def stop_list(self) -> list[str]:
@@ -127,56 +123,19 @@ class CompletionRequest(SamplingFields):
     @model_validator(mode="after")
     def _one_prompt(self) -> CompletionRequest:
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
-            raise _Unsupported("prompt", "Send one prompt per request (a string).")
+            raise Unsupported("prompt", "Send one prompt per request (a string).")
         if self.echo:
-            raise _Unsupported("echo", "'echo' is not supported.")
+            raise Unsupported("echo", "'echo' is not supported.")
         if self.best_of != 1:
-            raise _Unsupported("best_of", "Only best_of=1 is supported.")
+            raise Unsupported("best_of", "Only best_of=1 is supported.")
         return self
 
     def prompt_text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
 
 
-class _Unsupported(ValueError):
+class Unsupported(ValueError):
     def __init__(self, param: str, message: str) -> None:
         super().__init__(message)
         self.param = param
         self.message = message
-
-
-def parse_generation_request(body: bytes, chat: bool) -> ChatCompletionRequest | CompletionRequest:
-    schema = ChatCompletionRequest if chat else CompletionRequest
-    try:
-        return schema.model_validate_json(body)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        cause = first.get("ctx", {}).get("error")
-        if isinstance(cause, _Unsupported):
-            raise InvalidRequest(cause.message, param=cause.param, code="unsupported") from None
-        if not chat and first["loc"][:1] == ("prompt",) and _token_id_prompt(body):
-            raise InvalidRequest(
-                "Token-id prompts are not accepted: send the prompt as text.",
-                param="prompt",
-                code="token_ids_not_accepted",
-            ) from None
-        shapes = {
-            "stop": "'stop' must be a string or an array of strings",
-            "prompt": "'prompt' must be a non-empty string or a one-element array of one",
-            "messages": "'messages' must be a non-empty array of {role, content} objects, "
-            "role one of system, user, assistant, developer, content a string",
-        }
-        raise _as_invalid_request(exc, shapes) from None
-
-
-def _token_id_prompt(body: bytes) -> bool:
-    """Whether `prompt` was sent as token ids (OpenAI allows an array of integers, or of
-    arrays of them), meant to be the model's own ids. Tributary's completions take text
-    only; naming the refusal tells a client that tokenized first to send the text instead."""
-    try:
-        prompt = orjson.loads(body).get("prompt")
-    except (orjson.JSONDecodeError, AttributeError):
-        return False
-    items = prompt if isinstance(prompt, list) else []
-    flat = [x for item in items for x in (item if isinstance(item, list) else [item])]
-    return bool(flat) and all(isinstance(x, int) and not isinstance(x, bool) for x in flat)

@@ -7,15 +7,12 @@ Fields beyond a dialect's own are documented extensions (`raw_scores` for Cohere
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import Field, StrictBool, StrictStr, ValidationError
+from pydantic import Field, StrictBool, StrictStr
 
-from deployments.errors import InvalidRequest
-from deployments.ingress.api.schemas import ApiModel, Count, NonEmptyStr, _as_invalid_request
+from deployments.ingress.api.schemas import ApiModel, Count, NonEmptyStr
 
-Dialect = Literal["v1", "v2", "tei"]
 PriorityField = Literal["realtime", "normal", "batch"] | None
 # TEI writes them capitalised; huggingface_hub sends them lower-case.
 TruncationDirection = Literal["Left", "Right", "left", "right"]
@@ -112,75 +109,3 @@ class TeiRank(ApiModel):
     index: int
     score: float
     text: str | None = None
-
-
-@dataclass(frozen=True)
-class RerankQuery:
-    """A rerank request in any dialect, as the ingress serves it."""
-
-    dialect: Dialect
-    model: str | None
-    query: str
-    documents: list[str]
-    top_n: int | None
-    return_documents: bool
-    max_tokens_per_doc: int | None
-    raw_scores: bool
-    first_chunk_only: bool
-    priority: str | None
-
-
-def parse_rerank_request(body: bytes, dialect: Dialect) -> RerankQuery:
-    """Validate a raw JSON body in the route's dialect; one clear 400 when it is wrong."""
-    try:
-        if dialect == "tei":
-            tei = TeiRerankRequest.model_validate_json(body)
-        else:
-            request = RerankRequest.model_validate_json(body)
-    except ValidationError as exc:
-        shapes = {"documents": DOCUMENTS_SHAPE, "texts": TEXTS_SHAPE}
-        raise _as_invalid_request(exc, shapes) from None
-    if dialect == "tei":
-        if tei.truncate and tei.truncation_direction.lower() == "left":
-            raise InvalidRequest(
-                "truncation_direction 'Left' is not supported for rerank: a truncated text "
-                "is scored on its first window. Send 'Right', or leave truncate unset to "
-                "score the whole text chunk by chunk.",
-                param="truncation_direction",
-            )
-        query = RerankQuery(
-            dialect=dialect,
-            model=tei.model,
-            query=tei.query,
-            documents=tei.texts,
-            top_n=None,
-            return_documents=tei.return_text,
-            max_tokens_per_doc=None,
-            raw_scores=tei.raw_scores,
-            first_chunk_only=bool(tei.truncate),
-            priority=tei.priority,
-        )
-        field = "texts"
-    else:
-        query = RerankQuery(
-            dialect=dialect,
-            model=request.model,
-            query=request.query,
-            documents=[d if isinstance(d, str) else d.text for d in request.documents],
-            top_n=request.top_n,
-            return_documents=(
-                request.return_documents
-                if request.return_documents is not None
-                else dialect == "v1"
-            ),
-            max_tokens_per_doc=request.max_tokens_per_doc,
-            raw_scores=request.raw_scores,
-            first_chunk_only=False,
-            priority=request.priority,
-        )
-        field = "documents"
-    if not query.query.strip():
-        raise InvalidRequest("'query' must not be empty.", param="query")
-    if not query.documents:
-        raise InvalidRequest(f"'{field}' must not be empty.", param=field)
-    return query

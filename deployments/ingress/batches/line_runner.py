@@ -4,7 +4,6 @@ tenant checks, admission, result cache, versions and coalescing as one sent over
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import orjson
@@ -13,25 +12,31 @@ from deployments.core.access.access import Tenant
 from deployments.core.batch_jobs.pacing import Others
 from deployments.core.priority import Priority
 from deployments.errors import InternalError, TributaryError, Unauthorized
+from deployments.ingress.api.dialects import (
+    COHERE_RERANK,
+    JINA_RERANK,
+    OPENAI_CHAT,
+    OPENAI_COMPLETIONS,
+    OPENAI_EMBEDDINGS,
+    Dialect,
+)
 from deployments.ingress.api.request_meta import RequestMeta
 from deployments.ingress.batches.dispatcher import LineAnswer
 from deployments.ingress.tasks.embeddings import to_json
 
 if TYPE_CHECKING:
-    from deployments.ingress.ingress import Answer, Ingress
+    from deployments.ingress.ingress import Ingress
 
 logger = logging.getLogger("ray.serve")
 
-Call = Callable[["Ingress", bytes, RequestMeta, Tenant | None], Awaitable["Answer"]]
-
-# The endpoints a batch may name, each with its route's call into the ingress and the
-# task whose queues tell whether higher classes wait.
-ENDPOINTS: dict[str, tuple[Call, str]] = {
-    "/v1/embeddings": (lambda i, b, m, t: i.embed(b, m, t, "openai"), "embedding"),
-    "/v1/chat/completions": (lambda i, b, m, t: i.generate(b, m, t, True), "generation"),
-    "/v1/completions": (lambda i, b, m, t: i.generate(b, m, t, False), "generation"),
-    "/v1/rerank": (lambda i, b, m, t: i.rerank(b, m, t, "v1"), "rerank"),
-    "/v2/rerank": (lambda i, b, m, t: i.rerank(b, m, t, "v2"), "rerank"),
+# The endpoints a batch may name, each with its route's dialect: its task's queues tell
+# whether higher classes wait.
+ENDPOINTS: dict[str, Dialect] = {
+    "/v1/embeddings": OPENAI_EMBEDDINGS,
+    "/v1/chat/completions": OPENAI_CHAT,
+    "/v1/completions": OPENAI_COMPLETIONS,
+    "/v1/rerank": COHERE_RERANK,
+    "/v2/rerank": JINA_RERANK,
 }
 # No tenant: access is open (no keys configured); batches are then everyone's.
 OPEN_TENANT = ""
@@ -42,12 +47,12 @@ class IngressLines:
         self.ingress = ingress
 
     async def run(self, endpoint: str, body: bytes, tenant: str, request_id: str) -> LineAnswer:
-        call, _ = ENDPOINTS[endpoint]
+        dialect = ENDPOINTS[endpoint]
         meta = RequestMeta(
             request_id=request_id, priority=Priority.BATCH, timeout_s=None, authorization=None
         )
         try:
-            answer = await call(self.ingress, body, meta, self._tenant(tenant))
+            answer = await self.ingress.answer(dialect, body, meta, self._tenant(tenant))
         except TributaryError as exc:
             return LineAnswer(exc.status, orjson.dumps(exc.body()), exc.retry_after_s)
         except Exception:
@@ -70,7 +75,7 @@ class IngressLines:
         return min(batch.max_queued_items, batch.shed_above_queued_items or batch.max_queued_items)
 
     def others(self, endpoint: str) -> Others:
-        _, task = ENDPOINTS[endpoint]
+        task = ENDPOINTS[endpoint].task
         seen: Others = "idle"
         for _, version in self.ingress.catalog.versions_of_task(task):
             if version.client is None:

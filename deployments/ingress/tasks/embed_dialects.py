@@ -18,6 +18,7 @@ from deployments.core.encoding.quantize import Precision, RangeUnknown, quantize
 from deployments.core.encoding.vectors import shrink_dimensions, to_base64
 from deployments.core.protocol import EmbedJob, EmbedResult
 from deployments.errors import InvalidRequest, ModelNotFound, PayloadTooLarge
+from deployments.ingress.api.dialects import Dialect
 from deployments.ingress.api.embed_schemas import (
     TEI_INPUTS_SHAPE,
     TEXTS_SHAPE,
@@ -33,7 +34,6 @@ from deployments.ingress.tasks.embeddings import (
     embedding_response,
 )
 
-EmbedDialect = Literal["openai", "cohere-v1", "cohere-v2", "tei"]
 Truncate = Literal["end", "start", "refuse"]
 
 # Cohere's input types, each with sentence-transformers' own name for the same prompt.
@@ -59,8 +59,8 @@ class EmbedCall:
     check_width: Callable[[int], None] | None = None
 
 
-def parse_embed_call(body: bytes, dialect: EmbedDialect) -> EmbedCall:
-    if dialect == "openai":
+def parse_embed_call(body: bytes, dialect: Dialect) -> EmbedCall:
+    if dialect.family == "openai":
         openai = parse_embedding_request(body)
         return EmbedCall(
             openai.model,
@@ -70,7 +70,7 @@ def parse_embed_call(body: bytes, dialect: EmbedDialect) -> EmbedCall:
             openai.user,
             None if openai.dimensions is None else lambda width: check_dimensions(openai, width),
         )
-    if dialect == "tei":
+    if dialect.family == "tei":
         tei = _parse(TeiEmbedRequest, body, {"inputs": TEI_INPUTS_SHAPE})
         assert isinstance(tei, TeiEmbedRequest)
         return EmbedCall(
@@ -80,10 +80,9 @@ def parse_embed_call(body: bytes, dialect: EmbedDialect) -> EmbedCall:
             tei_answer(tei),
             check_width=_width_check(tei.dimensions, "dimensions"),
         )
-    schema = CohereEmbedV2Request if dialect == "cohere-v2" else CohereEmbedRequest
-    cohere = _parse(schema, body, {"texts": TEXTS_SHAPE})
+    cohere = _parse(dialect.request, body, {"texts": TEXTS_SHAPE})
     assert isinstance(cohere, CohereEmbedRequest)
-    if dialect == "cohere-v1" and "base64" in (cohere.embedding_types or ()):
+    if dialect.version == 1 and "base64" in (cohere.embedding_types or ()):
         raise InvalidRequest(
             "'base64' is an embedding type of /v2/embed; /v1/embed has float, int8, uint8, "
             "binary and ubinary.",
@@ -99,7 +98,7 @@ def parse_embed_call(body: bytes, dialect: EmbedDialect) -> EmbedCall:
         cohere.model,
         cohere.priority,
         lambda model, request_id: cohere_job(cohere, model, request_id),
-        lambda result, _: cohere_response(result, cohere, version=dialect[-1]),
+        lambda result, _: cohere_response(result, cohere, version=str(dialect.version)),
         check_width=check_width,
     )
 

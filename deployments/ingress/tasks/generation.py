@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 import orjson
+from pydantic import ValidationError
 
 from deployments.config import AdmissionConfig, GenerationModelConfig
 from deployments.core.access.access import Charge
@@ -32,7 +33,13 @@ from deployments.errors import (
     TributaryError,
     rejection_error,
 )
-from deployments.ingress.api.generation_schemas import ChatCompletionRequest, CompletionRequest
+from deployments.ingress.api.dialects import Dialect
+from deployments.ingress.api.generation_schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    Unsupported,
+)
+from deployments.ingress.api.schemas import _as_invalid_request
 from deployments.ingress.calls.call_errors import RAY_CALL_ERRORS, REPLICA_GONE, ray_call_error
 from deployments.ingress.calls.replica_watch import ReplicaWatch
 from deployments.ingress.rollout.versions import ModelVersions, Version
@@ -200,11 +207,55 @@ def timeout_for(admission: AdmissionConfig, priority: Priority, asked: float | N
     return asked if asked is not None else admission.of(priority.label).timeout_s
 
 
+def parse_generation_request(
+    body: bytes, dialect: Dialect
+) -> ChatCompletionRequest | CompletionRequest:
+    chat = is_chat(dialect)
+    schema = ChatCompletionRequest if chat else CompletionRequest
+    try:
+        return schema.model_validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        cause = first.get("ctx", {}).get("error")
+        if isinstance(cause, Unsupported):
+            raise InvalidRequest(cause.message, param=cause.param, code="unsupported") from None
+        if not chat and first["loc"][:1] == ("prompt",) and _token_id_prompt(body):
+            raise InvalidRequest(
+                "Token-id prompts are not accepted: send the prompt as text.",
+                param="prompt",
+                code="token_ids_not_accepted",
+            ) from None
+        shapes = {
+            "stop": "'stop' must be a string or an array of strings",
+            "prompt": "'prompt' must be a non-empty string or a one-element array of one",
+            "messages": "'messages' must be a non-empty array of {role, content} objects, "
+            "role one of system, user, assistant, developer, content a string",
+        }
+        raise _as_invalid_request(exc, shapes) from None
+
+
+def _token_id_prompt(body: bytes) -> bool:
+    """Whether `prompt` was sent as token ids (OpenAI allows an array of integers, or of
+    arrays of them), meant to be the model's own ids. Tributary's completions take text
+    only; naming the refusal tells a client that tokenized first to send the text instead."""
+    try:
+        prompt = orjson.loads(body).get("prompt")
+    except (orjson.JSONDecodeError, AttributeError):
+        return False
+    items = prompt if isinstance(prompt, list) else []
+    flat = [x for item in items for x in (item if isinstance(item, list) else [item])]
+    return bool(flat) and all(isinstance(x, int) and not isinstance(x, bool) for x in flat)
+
+
+def is_chat(dialect: Dialect) -> bool:
+    return dialect.request is ChatCompletionRequest
+
+
 class Reply:
     """Builds the OpenAI body of one chat or text completion, whole or as chunks."""
 
-    def __init__(self, chat: bool, model: str) -> None:
-        self.chat = chat
+    def __init__(self, dialect: Dialect, model: str) -> None:
+        self.chat = chat = is_chat(dialect)
         self.model = model
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())

@@ -4,18 +4,100 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from dataclasses import dataclass
 from typing import Any
+
+from pydantic import ValidationError
 
 from deployments.config import RerankModelConfig
 from deployments.core.access.access import estimate_tokens
 from deployments.core.chunking import chunk_count
 from deployments.core.protocol import RerankJob, RerankResult
-from deployments.errors import PayloadTooLarge, too_many_passes
-from deployments.ingress.api.rerank_schemas import RerankQuery
+from deployments.errors import InvalidRequest, PayloadTooLarge, too_many_passes
+from deployments.ingress.api.dialects import Dialect
+from deployments.ingress.api.rerank_schemas import (
+    DOCUMENTS_SHAPE,
+    TEXTS_SHAPE,
+    RerankRequest,
+    TeiRerankRequest,
+)
+from deployments.ingress.api.schemas import _as_invalid_request
+
+
+@dataclass(frozen=True)
+class RerankQuery:
+    """A rerank request in any dialect, as the ingress serves it."""
+
+    dialect: Dialect  # the answer's shape follows it
+    model: str | None
+    query: str
+    documents: list[str]
+    top_n: int | None
+    return_documents: bool
+    max_tokens_per_doc: int | None
+    raw_scores: bool
+    first_chunk_only: bool
+    priority: str | None
+
+
+def parse_rerank_request(body: bytes, dialect: Dialect) -> RerankQuery:
+    """Validate a raw JSON body in the route's dialect; one clear 400 when it is wrong."""
+    try:
+        if dialect.family == "tei":
+            tei = TeiRerankRequest.model_validate_json(body)
+        else:
+            request = RerankRequest.model_validate_json(body)
+    except ValidationError as exc:
+        shapes = {"documents": DOCUMENTS_SHAPE, "texts": TEXTS_SHAPE}
+        raise _as_invalid_request(exc, shapes) from None
+    if dialect.family == "tei":
+        if tei.truncate and tei.truncation_direction.lower() == "left":
+            raise InvalidRequest(
+                "truncation_direction 'Left' is not supported for rerank: a truncated text "
+                "is scored on its first window. Send 'Right', or leave truncate unset to "
+                "score the whole text chunk by chunk.",
+                param="truncation_direction",
+            )
+        query = RerankQuery(
+            dialect=dialect,
+            model=tei.model,
+            query=tei.query,
+            documents=tei.texts,
+            top_n=None,
+            return_documents=tei.return_text,
+            max_tokens_per_doc=None,
+            raw_scores=tei.raw_scores,
+            first_chunk_only=bool(tei.truncate),
+            priority=tei.priority,
+        )
+        field = "texts"
+    else:
+        query = RerankQuery(
+            dialect=dialect,
+            model=request.model,
+            query=request.query,
+            documents=[d if isinstance(d, str) else d.text for d in request.documents],
+            top_n=request.top_n,
+            return_documents=(
+                request.return_documents
+                if request.return_documents is not None
+                else dialect.family == "cohere"  # Cohere returns them unless told not to
+            ),
+            max_tokens_per_doc=request.max_tokens_per_doc,
+            raw_scores=request.raw_scores,
+            first_chunk_only=False,
+            priority=request.priority,
+        )
+        field = "documents"
+    if not query.query.strip():
+        raise InvalidRequest("'query' must not be empty.", param="query")
+    if not query.documents:
+        raise InvalidRequest(f"'{field}' must not be empty.", param=field)
+    return query
 
 
 def rerank_job(query: RerankQuery, model: RerankModelConfig, request_id: str) -> RerankJob:
-    field = "texts" if query.dialect == "tei" else "documents"
+    field = "texts" if query.dialect.family == "tei" else "documents"
     if len(query.documents) > model.max_documents:
         raise PayloadTooLarge(
             f"{len(query.documents)} documents in one request; model '{model.name}' "
@@ -83,7 +165,7 @@ def rerank_response(query: RerankQuery, model: str, result: RerankResult) -> Any
     order = sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))
     if query.top_n is not None:
         order = order[: query.top_n]
-    if query.dialect == "tei":
+    if query.dialect.family == "tei":
         ranks: list[dict[str, Any]] = []
         for i in order:
             rank: dict[str, Any] = {"index": i, "score": float(scores[i])}
