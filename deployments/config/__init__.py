@@ -17,6 +17,9 @@ from deployments.config.encoders import EmbeddingModelConfig, EncoderModelConfig
 from deployments.config.generation import GenerationModelConfig, GenerationQueue
 from deployments.config.serve_options import DeploymentOptions
 
+# Any one model's config, whatever its task.
+ModelConfig = EmbeddingModelConfig | RerankModelConfig | GenerationModelConfig
+
 __all__ = [
     "AdmissionConfig",
     "AppConfig",
@@ -29,6 +32,7 @@ __all__ = [
     "GenerationModelConfig",
     "GenerationQueue",
     "ModelBatching",
+    "ModelConfig",
     "ModelDeploymentConfig",
     "RerankModelConfig",
     "TenantConfig",

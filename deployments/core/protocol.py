@@ -17,7 +17,7 @@ ingress calls through Serve's handle to it. The one per-task entry is the deploy
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import AsyncIterator, Awaitable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, ParamSpec, Protocol, TypeVar
 
@@ -145,6 +145,11 @@ class GenerationChunk:
 
 # The batched replicas' calls.
 
+# What an embed or rerank replica's queues carry, and what comes back for each job.
+BatchedJob = EmbedJob | RerankJob
+BatchedResult = EmbedResult | RerankResult
+BatchedOutcome = EmbedOutcome | RerankOutcome
+
 JobT = TypeVar("JobT")
 OutcomeT = TypeVar("OutcomeT")
 ResultT_co = TypeVar("ResultT_co", covariant=True)
@@ -217,3 +222,48 @@ class BatchedHandle(Protocol[JobT, OutcomeT]):
 
     @property
     def info(self) -> RemoteMethod[[], dict[str, Any]]: ...
+
+    @property
+    def model_config(self) -> RemoteMethod[[], dict[str, Any]]: ...
+
+
+class ReplicaStream(Protocol[ResultT_co]):
+    """Serve's DeploymentResponseGenerator as the ingress uses it: read, or cancelled."""
+
+    def __anext__(self) -> Awaitable[ResultT_co]: ...
+
+    def __aiter__(self) -> AsyncIterator[ResultT_co]: ...
+
+    def cancel(self) -> None: ...
+
+
+class StreamingMethod(Protocol[Params, ResultT_co]):
+    """One method on a streaming handle: `handle.options(stream=True).<method>.remote(...)`."""
+
+    def remote(self, *args: Params.args, **kwargs: Params.kwargs) -> ReplicaStream[ResultT_co]: ...
+
+
+class GenerationStreams(Protocol):
+    @property
+    def generate(
+        self,
+    ) -> StreamingMethod[[str, GenerationJob, float], GenerationChunk | Rejection]: ...
+
+
+class GenerationHandle(Protocol):
+    """Serve's DeploymentHandle to a generation replica, typed as the ingress calls it."""
+
+    def options(self, *, stream: bool) -> GenerationStreams: ...
+
+    @property
+    def info(self) -> RemoteMethod[[], dict[str, Any]]: ...
+
+    @property
+    def engine_alive(self) -> RemoteMethod[[], bool]: ...
+
+    @property
+    def model_config(self) -> RemoteMethod[[], dict[str, Any]]: ...
+
+
+# A handle to any model replica, as the ingress holds it before it knows the task.
+ModelHandle = BatchedHandle[BatchedJob, BatchedOutcome] | GenerationHandle

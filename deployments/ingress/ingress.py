@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import ray
 
@@ -28,10 +28,19 @@ from deployments.core.gc_policy import relax_collector
 from deployments.core.metrics.metrics import TributaryMetrics
 from deployments.core.priority import Priority
 from deployments.core.protocol import (
+    BatchedHandle,
+    BatchedJob,
+    BatchedOutcome,
+    BatchedResult,
     EmbedJob,
+    EmbedResult,
     GenerationChunk,
+    GenerationHandle,
     GenerationJob,
+    ModelHandle,
     Rejection,
+    RerankJob,
+    RerankResult,
 )
 from deployments.core.rollout.traffic import split_pin
 from deployments.errors import InvalidRequest, ModelNotFound, rejection_error
@@ -46,7 +55,7 @@ from deployments.ingress.cache.generation_cache import (
 from deployments.ingress.cache.item_cache import ItemCaches, cached_run, with_cached_inputs
 from deployments.ingress.calls.model_client import ModelClient, overloaded
 from deployments.ingress.calls.observe import RequestObserver, note_request, observed
-from deployments.ingress.rollout.catalog import Catalog, replica_watch_for
+from deployments.ingress.rollout.catalog import AppHandle, Catalog, replica_watch_for
 from deployments.ingress.rollout.versions import Version
 from deployments.ingress.status.health import Health, ReadinessCheck
 from deployments.ingress.status.model_list import model_list
@@ -80,6 +89,8 @@ from deployments.ingress.tasks.shadow import (
 )
 from deployments.metrics import build_metrics
 
+JobT = TypeVar("JobT", EmbedJob, RerankJob)
+
 
 @dataclass
 class Answer:
@@ -94,12 +105,12 @@ class Ingress:
         config: dict[str, Any],
         *,
         # Per task, `name@version` (or the name alone) -> DeploymentHandle of its replica.
-        embedders: dict[str, Any] | None = None,
-        rerankers: dict[str, Any] | None = None,
-        generators: dict[str, Any] | None = None,
+        embedders: Mapping[str, BatchedHandle[BatchedJob, BatchedOutcome]] | None = None,
+        rerankers: Mapping[str, BatchedHandle[BatchedJob, BatchedOutcome]] | None = None,
+        generators: Mapping[str, GenerationHandle] | None = None,
         readiness: ReadinessCheck | None = None,
         metrics: TributaryMetrics | None = None,  # None: Ray's, inside a Ray worker
-        app_handle: Callable[[str], Any] | None = None,  # None: Serve's, by app name
+        app_handle: AppHandle | None = None,  # None: Serve's, by app name
     ) -> None:
         self.config = AppConfig.model_validate(config)
         self.observer = RequestObserver(metrics or build_metrics())
@@ -127,17 +138,20 @@ class Ingress:
         if metrics is None and ray.is_initialized():  # in a replica, not a test's process
             relax_collector()
 
-    def _attach(self, version: Version, task: str, handle: Any) -> None:
+    def _attach(self, version: Version, task: str, handle: ModelHandle) -> None:
         name = version.config.name if version.config is not None else None
         ingress = self.config.ingress
         if task == "generation":
-            version.handle = handle
-            version.watch = replica_watch_for(name or "model", version, handle)
+            # The task, said by the config or by the version's app, tells the handle's kind.
+            generator = cast(GenerationHandle, handle)
+            version.handle = generator
+            version.watch = replica_watch_for(name or "model", version, generator)
             return
+        batched = cast(BatchedHandle[BatchedJob, BatchedOutcome], handle)
         batching = getattr(version.config, "batching", None)
         version.client = ModelClient(
             name or "model",
-            handle,
+            batched,
             ingress.admission,
             ingress.max_group_items,
             metrics=self.observer.metrics,
@@ -196,6 +210,7 @@ class Ingress:
         outcome, hits = await self._run_cached(
             version, priority, job, embedding_token_estimate, meta, tenant
         )
+        assert isinstance(outcome, EmbedResult)  # an embedding replica answers vectors
         body = with_cached_inputs(call.respond(outcome, model.name), hits)
         return Answer(body, _headers(priority, version))
 
@@ -230,6 +245,7 @@ class Ingress:
         outcome, hits = await self._run_cached(
             version, priority, job, rerank_token_estimate, meta, tenant
         )
+        assert isinstance(outcome, RerankResult)  # a rerank replica answers scores
         answer = with_cached_inputs(rerank_response(query, model.name, outcome), hits)
         return Answer(answer, _headers(priority, version))
 
@@ -253,7 +269,7 @@ class Ingress:
         job = build_job(request, model, meta.request_id)
         reply = Reply(dialect, model.name)
         headers = _headers(priority, version)
-        cached = cached_completion(self.cache, version.config, job, tenant, priority.label)
+        cached = cached_completion(self.cache, version.serving, job, tenant, priority.label)
 
         async def start() -> LiveGeneration:
             return await self._start_generation(version, priority, job, meta, tenant)
@@ -283,7 +299,7 @@ class Ingress:
     ) -> LiveGeneration:
         """Charges the tenant an estimate and starts the call to the version's replica:
         its first chunk is in, or the refusal raised (and the charge refunded)."""
-        name = version.config.name
+        name = version.serving.name
         texts = job.prompt or " ".join(m["content"] for m in job.messages or [])
         estimate = estimate_tokens([texts]) + job.max_tokens
         charge = self.gate.hold(tenant, estimate)
@@ -314,17 +330,17 @@ class Ingress:
         self,
         version: Version,
         priority: Priority,
-        job: Any,
-        estimate: Callable[[Any], int],
+        job: JobT,
+        estimate: Callable[[JobT], int],
         meta: RequestMeta,
         tenant: Tenant | None,
-    ) -> tuple[Any, int | None]:
+    ) -> tuple[BatchedResult, int | None]:
         """The job through the result cache (ingress/cache/item_cache.py): only its misses run,
         keyed by the version that serves them; also how many inputs hit."""
-        name = version.config.name
+        name = version.serving.name
         return await cached_run(
             self.cache,
-            version.config,
+            version.serving,
             job,
             tenant,
             priority.label,
@@ -338,11 +354,11 @@ class Ingress:
         model: str,
         version: Version,
         priority: Priority,
-        job: Any,
+        job: BatchedJob,
         estimate: int,
         meta: RequestMeta,
         tenant: Tenant | None,
-    ) -> Any:
+    ) -> BatchedResult:
         """Charge the tenant, queue the job, wait for its outcome; the tenant pays for the
         tokens the model counted, none for a job that failed. Then, maybe, a shadow copy."""
         note_request(priority=priority.label, items=len(job))
@@ -364,7 +380,7 @@ class Ingress:
                 raise rejection_error(outcome)
         charge.settle(sum(outcome.token_counts))
 
-        async def run(target: Version) -> Any:
+        async def run(target: Version) -> BatchedOutcome:
             copy = dataclasses.replace(job, job_id=uuid.uuid4().hex)
             return await _client_of(target).submit(Priority.BATCH, copy, SHADOW_TIMEOUT_S)
 
@@ -373,12 +389,12 @@ class Ingress:
         return outcome
 
 
-def _client_of(version: Version) -> ModelClient[Any, Any]:
+def _client_of(version: Version) -> ModelClient[BatchedJob, BatchedOutcome]:
     assert version.client is not None  # embed and rerank versions always have one
     return version.client
 
 
-def _serve_app_handle(app: str) -> Any:
+def _serve_app_handle(app: str) -> ModelHandle:
     from ray import serve
 
     return serve.get_app_handle(app)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from deployments.config import GenerationModelConfig
+from deployments.config import ModelConfig
 from deployments.core.access.access import Tenant
 from deployments.core.cache.cache_entries import GenerationEntry, pack_generation, unpack_generation
 from deployments.core.cache.model_cache import ModelCache
@@ -34,7 +34,7 @@ Completion = tuple[str, GenerationChunk]  # the whole text and the last chunk (u
 
 def cached_completion(
     caches: ItemCaches,
-    model: GenerationModelConfig,
+    model: ModelConfig,
     job: GenerationJob,
     tenant: Tenant | None,
     lane: str,

@@ -19,8 +19,7 @@ import numpy as np
 
 from deployments.config import (
     CacheConfig,
-    EmbeddingModelConfig,
-    GenerationModelConfig,
+    ModelConfig,
     RerankModelConfig,
 )
 from deployments.config.output_neutral import output_neutral_fields
@@ -37,14 +36,19 @@ from deployments.core.cache.cache_entries import (
 from deployments.core.cache.model_cache import ModelCache
 from deployments.core.cache.result_cache import CacheStore, KeyPart, MemoryStore, item_key
 from deployments.core.metrics.metrics import TributaryMetrics
-from deployments.core.protocol import EmbedJob, EmbedResult, RerankJob, RerankResult
+from deployments.core.protocol import (
+    BatchedResult,
+    EmbedJob,
+    EmbedResult,
+    RerankJob,
+    RerankResult,
+)
 from deployments.errors import TributaryError
 from deployments.ingress.cache.redis_store import RedisStore
 from deployments.ingress.calls.observe import note_request
 from deployments.ingress.tasks.rerank import estimated_chunk_passes
 
 Job = TypeVar("Job", EmbedJob, RerankJob)
-ModelConfig = EmbeddingModelConfig | RerankModelConfig | GenerationModelConfig
 # Refusals of bad input, whose messages may name an input by its index.
 NAMES_AN_INPUT = frozenset({400, 413})
 
@@ -135,8 +139,8 @@ async def cached_run(
     job: Job,
     tenant: Tenant | None,
     priority: str,
-    run: Callable[[Job], Awaitable[Any]],
-) -> tuple[Any, int | None]:
+    run: Callable[[Job], Awaitable[BatchedResult]],
+) -> tuple[BatchedResult, int | None]:
     """`run(job)`'s outcome, computed for the cache's misses only; and how many inputs hit
     (None when this model has no cache). `run` raises for a refused job; the failure
     reaches every request waiting on its items and nothing of it is stored."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from deployments.config import (
@@ -17,6 +17,7 @@ from deployments.config import (
     RerankModelConfig,
 )
 from deployments.config.traffic import TrafficConfig
+from deployments.core.protocol import GenerationHandle, ModelHandle
 from deployments.errors import NotReady
 from deployments.ingress.calls.replica_watch import ReplicaWatch
 from deployments.ingress.rollout.versions import ModelVersions, Version
@@ -33,8 +34,11 @@ CONFIG_TYPES: dict[str, type[ModelConfig]] = {
 RESOLVE_TIMEOUT_S = 5.0
 RESOLVE_RETRY_S = 1.0
 
-Attach = Callable[[Version, str, Any], None]  # (version, task, handle): give it a client
-AppHandle = Callable[[str], Any]  # application name -> handle of its deployment
+# (version, task, handle): give it a client
+Attach = Callable[[Version, str, ModelHandle], None]
+AppHandle = Callable[[str], ModelHandle]  # application name -> handle of its deployment
+# Per task, `name@version` (or the name alone) -> the handle of its replicas.
+TaskHandles = Mapping[str, Mapping[str, ModelHandle]]
 
 
 def version_key(name: str, version: str) -> str:
@@ -46,7 +50,7 @@ class Catalog:
     def __init__(
         self,
         config: AppConfig,
-        handles: dict[str, dict[str, Any]],  # task -> name@version (or name) -> handle
+        handles: TaskHandles,
         attach: Attach,
         app_handle: AppHandle,
     ) -> None:
@@ -200,6 +204,6 @@ class Catalog:
                 await task
 
 
-def replica_watch_for(name: str, version: Version, handle: Any) -> ReplicaWatch:
+def replica_watch_for(name: str, version: Version, handle: GenerationHandle) -> ReplicaWatch:
     label = name if version.app is None else version_key(name, version.label)
     return ReplicaWatch(label, lambda: handle.engine_alive.remote())

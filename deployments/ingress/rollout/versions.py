@@ -15,8 +15,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from deployments.config import ModelConfig
 from deployments.config.traffic import ModelTraffic
 from deployments.core.metrics.metrics import TributaryMetrics
+from deployments.core.protocol import BatchedJob, BatchedOutcome, GenerationHandle
 from deployments.core.rollout.rollout_guard import GuardRules, RolloutGuard, Trip
 from deployments.core.rollout.traffic import choose_version, first_key
 from deployments.errors import ModelNotFound, NotReady, TributaryError
@@ -30,14 +32,21 @@ logger = logging.getLogger("ray.serve")
 class Version:
     label: str
     app: str | None  # None: this application's args; else the application serving it
-    config: Any = None  # its model config; None until an application of its own answers
-    client: ModelClient[Any, Any] | None = None  # embed / rerank (their jobs, outcomes)
-    handle: Any = None  # generation
+    config: ModelConfig | None = None  # None until an application of its own answers
+    client: ModelClient[BatchedJob, BatchedOutcome] | None = None  # embed / rerank
+    handle: GenerationHandle | None = None  # generation
     watch: ReplicaWatch | None = None  # generation
 
     @property
     def ready(self) -> bool:
         return self.config is not None
+
+    @property
+    def serving(self) -> ModelConfig:
+        """The config this version serves; only a ready version is ever chosen."""
+        if self.config is None:
+            raise NotReady(f"Version '{self.label}' is not serving yet.")
+        return self.config
 
 
 @dataclass
@@ -50,7 +59,7 @@ class ModelVersions:
     shadow_in_flight: int = 0
 
     @property
-    def base(self) -> Any:
+    def base(self) -> ModelConfig | None:
         """The config requests are validated against: the first version that has one."""
         return next((v.config for v in self.versions.values() if v.ready), None)
 

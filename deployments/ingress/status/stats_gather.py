@@ -89,6 +89,8 @@ async def _info(version: Version) -> dict[str, Any]:
     try:
         if version.client is not None:
             return await asyncio.wait_for(version.client.info(), INFO_TIMEOUT_S)
-        return await asyncio.wait_for(version.handle.info.remote(), INFO_TIMEOUT_S)
+        if version.handle is not None:
+            return await asyncio.wait_for(version.handle.info.remote(), INFO_TIMEOUT_S)
+        return {"error": "no client"}
     except Exception as exc:
         return {"error": f"no answer: {type(exc).__name__}"}
