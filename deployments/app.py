@@ -19,7 +19,7 @@ from deployments.config.traffic import ModelAppConfig
 from deployments.core.protocol import BatchedModel
 from deployments.http.server import HttpIngress
 from deployments.ingress.access.tenants import build_access_control
-from deployments.ingress.rollout.catalog import version_key
+from deployments.ingress.rollout.clients import version_key
 from deployments.replicas.batched.embedder import Embedder
 from deployments.replicas.batched.reranker import Reranker
 from deployments.replicas.generation.generator import Generator

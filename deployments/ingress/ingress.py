@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import ray
 
@@ -55,7 +55,7 @@ from deployments.ingress.cache.generation_cache import (
 from deployments.ingress.cache.item_cache import ItemCaches, cached_run, with_cached_inputs
 from deployments.ingress.calls.model_client import ModelClient, overloaded
 from deployments.ingress.calls.observe import RequestObserver, note_request, observed
-from deployments.ingress.rollout.catalog import AppHandle, Catalog, replica_watch_for
+from deployments.ingress.rollout.catalog import AppHandle, Catalog
 from deployments.ingress.rollout.versions import Version
 from deployments.ingress.status.health import Health, ReadinessCheck
 from deployments.ingress.status.model_list import model_list
@@ -122,8 +122,8 @@ class Ingress:
                 "rerank": rerankers or {},
                 "generation": generators or {},
             },
-            self._attach,
             app_handle or _serve_app_handle,
+            self.observer.metrics,
         )
         self._created = int(time.time())
         self.gate = AccessGate(self.config.auth)
@@ -137,28 +137,6 @@ class Ingress:
         self._tasks = {"embedding": self.embed, "rerank": self.rerank, "generation": self.generate}
         if metrics is None and ray.is_initialized():  # in a replica, not a test's process
             relax_collector()
-
-    def _attach(self, version: Version, task: str, handle: ModelHandle) -> None:
-        name = version.config.name if version.config is not None else None
-        ingress = self.config.ingress
-        if task == "generation":
-            # The task, said by the config or by the version's app, tells the handle's kind.
-            generator = cast(GenerationHandle, handle)
-            version.handle = generator
-            version.watch = replica_watch_for(name or "model", version, generator)
-            return
-        batched = cast(BatchedHandle[BatchedJob, BatchedOutcome], handle)
-        batching = getattr(version.config, "batching", None)
-        version.client = ModelClient(
-            name or "model",
-            batched,
-            ingress.admission,
-            ingress.max_group_items,
-            metrics=self.observer.metrics,
-            model_targets_ms=None
-            if batching is None
-            else {p: batching.of(p.label).target_p99_ms for p in Priority},
-        )
 
     async def reconfigure(self, user_config: dict[str, Any] | None) -> None:
         """The traffic policy (config/traffic.py): Serve calls this at start and on every

@@ -20,6 +20,7 @@ from tests.unit.batch_support import (
     input_file,
     new_batch,
     output_ids,
+    until,
 )
 
 
@@ -56,11 +57,16 @@ async def test_a_crashed_dispatcher_is_resumed_without_running_a_line_twice(
     first.gate.clear()
     task = asyncio.create_task(crashed.run_once())
     for _ in range(5):  # a few rounds of lines answered, then some in flight when it dies
-        await asyncio.sleep(0.01)
+        await until(lambda: first.in_flight > 0)
         first.gate.set()
         first.gate.clear()
-    await asyncio.sleep(0.02)
-    assert 0 < len(await store.answered("batch_1")) < 100
+
+    async def some_answered() -> bool:
+        return len(await store.answered("batch_1")) > 0
+
+    await until(some_answered)
+    await until(lambda: first.in_flight > 0)
+    assert len(await store.answered("batch_1")) < 100
     dying.dead = True  # the process dies: no release, no finalize
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, RuntimeError):
@@ -85,7 +91,7 @@ async def test_a_dispatcher_that_lost_its_lease_stops(store: SqliteStore) -> Non
     await new_batch(store, input_file(10), 10)
     slow = Dispatcher(store, runner, config())
     task = asyncio.create_task(slow.run_once())
-    await asyncio.sleep(0.05)
+    await until(lambda: runner.in_flight > 0)
     # Another dispatcher takes the batch over (as after a stall longer than the lease).
     await store.release("batch_1", slow.owner)
     other = FakeRunner()
@@ -124,7 +130,8 @@ async def test_in_flight_lines_stay_within_the_ceiling(store: SqliteStore) -> No
     runner.gate.clear()
     await new_batch(store, input_file(50), 50)
     task = asyncio.create_task(Dispatcher(store, runner, config(max_in_flight_lines=3)).run_once())
-    await asyncio.sleep(0.1)
+    await until(lambda: runner.in_flight == 3)
+    await asyncio.sleep(0.05)  # room to start a fourth, were the ceiling not kept
     assert runner.in_flight == 3
     runner.gate.set()
     assert await asyncio.wait_for(task, 2)
@@ -137,7 +144,7 @@ async def test_an_expired_batch_keeps_its_finished_lines(store: SqliteStore) -> 
     dispatcher = Dispatcher(store, runner, config(max_in_flight_lines=2))
     runner.gate.clear()
     task = asyncio.create_task(dispatcher.run_once())
-    await asyncio.sleep(0.05)
+    await until(lambda: runner.in_flight == 2)
     dispatcher.clock = lambda: 10**10  # the completion window has passed
     runner.gate.set()
     await asyncio.wait_for(task, 2)

@@ -17,9 +17,10 @@ from deployments.config import (
     RerankModelConfig,
 )
 from deployments.config.traffic import TrafficConfig
-from deployments.core.protocol import GenerationHandle, ModelHandle
+from deployments.core.metrics.metrics import TributaryMetrics
+from deployments.core.protocol import ModelHandle
 from deployments.errors import NotReady
-from deployments.ingress.calls.replica_watch import ReplicaWatch
+from deployments.ingress.rollout.clients import attach, version_key
 from deployments.ingress.rollout.versions import ModelVersions, Version
 
 logger = logging.getLogger("ray.serve")
@@ -34,16 +35,9 @@ CONFIG_TYPES: dict[str, type[ModelConfig]] = {
 RESOLVE_TIMEOUT_S = 5.0
 RESOLVE_RETRY_S = 1.0
 
-# (version, task, handle): give it a client
-Attach = Callable[[Version, str, ModelHandle], None]
 AppHandle = Callable[[str], ModelHandle]  # application name -> handle of its deployment
 # Per task, `name@version` (or the name alone) -> the handle of its replicas.
 TaskHandles = Mapping[str, Mapping[str, ModelHandle]]
-
-
-def version_key(name: str, version: str) -> str:
-    """How build_app names a version's handle to the ingress."""
-    return f"{name}@{version}"
 
 
 class Catalog:
@@ -51,10 +45,11 @@ class Catalog:
         self,
         config: AppConfig,
         handles: TaskHandles,
-        attach: Attach,
         app_handle: AppHandle,
+        metrics: TributaryMetrics,
     ) -> None:
-        self._attach = attach
+        self._settings = config.ingress
+        self._metrics = metrics
         self._app_handle = app_handle
         self._resolvers: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.tables: dict[str, ModelVersions] = {}
@@ -73,7 +68,7 @@ class Catalog:
                 handle = per_task.get(version_key(model.name, model.version))
                 if handle is None:  # tests and older callers key by name alone
                     handle = per_task[model.name]
-                attach(version, task, handle)
+                attach(version, task, handle, config.ingress, metrics)
                 table.versions[model.version] = version
 
     def of_task(self, task: str) -> dict[str, Any]:
@@ -182,7 +177,7 @@ class Catalog:
                 if table.task not in (None, described["task"]):
                     raise ValueError(f"{table.name} is a {table.task} model here")
                 table.task = described["task"]
-                self._attach(version, described["task"], handle)
+                attach(version, described["task"], handle, self._settings, self._metrics)
                 version.config = config
                 logger.info(
                     "model %s: version %s reached in app %s", table.name, version.label, version.app
@@ -202,8 +197,3 @@ class Catalog:
         for task in self._resolvers.values():
             with contextlib.suppress(BaseException):
                 await task
-
-
-def replica_watch_for(name: str, version: Version, handle: GenerationHandle) -> ReplicaWatch:
-    label = name if version.app is None else version_key(name, version.label)
-    return ReplicaWatch(label, lambda: handle.engine_alive.remote())

@@ -8,7 +8,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from deployments.errors import NotReady
-from deployments.ingress.rollout.catalog import Catalog, version_key
+from deployments.ingress.rollout.catalog import Catalog
+from deployments.ingress.rollout.clients import version_key
 from deployments.ingress.status.readiness import engines_problem, serve_readiness
 
 ReadinessCheck = Callable[[], Awaitable[str | None]]
