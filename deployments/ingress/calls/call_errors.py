@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from ray.exceptions import RayActorError
+from ray.exceptions import (
+    LocalRayletDiedError,
+    NodeDiedError,
+    ObjectLostError,
+    OutOfMemoryError,
+    RayActorError,
+    RaySystemError,
+    RpcError,
+    WorkerCrashedError,
+)
 from ray.serve.exceptions import (
     BackPressureError,
     DeploymentUnavailableError,
@@ -12,12 +21,21 @@ from ray.serve.exceptions import (
 from deployments.core.priority import Priority
 from deployments.errors import NotReady, Overloaded, TributaryError
 
-# Serve's own back-pressure, and a replica that is gone or not yet there.
+# Serve's own back-pressure, a replica that is gone or not yet there, and the ways Ray
+# tells that the call was lost with a node, a worker or their results: every one is the
+# infrastructure's, not the request's, so a retry may well succeed (a 503, never a 500).
 RAY_CALL_ERRORS = (
     BackPressureError,
     RayActorError,
     DeploymentUnavailableError,
     ReplicaUnavailableError,
+    NodeDiedError,
+    WorkerCrashedError,
+    ObjectLostError,
+    LocalRayletDiedError,
+    OutOfMemoryError,
+    RpcError,
+    RaySystemError,
 )
 
 # The call died with its replica (not refused by a live one): what a ReplicaWatch hears of.
