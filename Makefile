@@ -57,9 +57,11 @@ redis:
 		apt-get install -y -q redis-server || { apt-get update -q && apt-get install -y -q redis-server; }; \
 	else echo "make: the Redis cache tests will be skipped: redis-server is missing and installing it needs root and apt-get; to run them: sudo make redis (Debian/Ubuntu)"; fi
 
-# The edit-test loop: unit and integration tests, no Ray, well under a minute.
-test-fast: install redis
-	$(BIN)/python -m pytest tests/unit tests/integration -q
+# The edit-test loop: unit and integration tests on fakes and tiny models built in memory
+# (no Ray, no shipped weights, no servers), under a minute. The real parts alone
+# (tests/parts: weights, runtimes, HAProxy, Redis) run in `make test`.
+test-fast: install
+	$(BIN)/python -m pytest tests/unit tests/integration -q -n 2
 
 test: lint browser redis
 	$(BIN)/python -m pytest

@@ -1,4 +1,4 @@
-"""Markers follow the folder a test lives in (unit / integration / serve / cluster)."""
+"""Markers follow the folder a test lives in (unit / integration / parts / serve / cluster)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-FOLDER_MARKERS = {"unit", "integration", "serve", "cluster"}
+FOLDER_MARKERS = {"unit", "integration", "parts", "serve", "cluster"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

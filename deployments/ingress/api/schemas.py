@@ -123,15 +123,7 @@ INPUT_SHAPE = (
 )
 
 
-def parse_embedding_request(body: bytes) -> EmbeddingRequest:
-    """Validate a raw JSON body, turning pydantic's report into one clear 400."""
-    try:
-        return EmbeddingRequest.model_validate_json(body)
-    except ValidationError as exc:
-        raise _as_invalid_request(exc) from None
-
-
-def _as_invalid_request(
+def as_invalid_request(
     exc: ValidationError, shapes: dict[str, str] | None = None
 ) -> InvalidRequest:
     """One 400 from pydantic's first complaint; `shapes` gives, per field whose accepted

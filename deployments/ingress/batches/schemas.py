@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StrictStr, ValidationError
 
 from deployments.errors import InvalidRequest
-from deployments.ingress.api.schemas import ApiModel, NonEmptyStr, _as_invalid_request
+from deployments.ingress.api.schemas import ApiModel, NonEmptyStr, as_invalid_request
 from deployments.ingress.batches.line_runner import ENDPOINTS
 
 Endpoint = Literal[
@@ -40,7 +40,7 @@ def parse_create_batch(body: bytes) -> CreateBatchRequest:
     try:
         return CreateBatchRequest.model_validate_json(body)
     except ValidationError as exc:
-        raise _as_invalid_request(exc, SHAPES) from None
+        raise as_invalid_request(exc, SHAPES) from None
 
 
 def parse_limit(raw: str | None) -> int:

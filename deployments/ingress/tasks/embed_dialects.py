@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
@@ -26,7 +26,7 @@ from deployments.ingress.api.embed_schemas import (
     CohereEmbedV2Request,
     TeiEmbedRequest,
 )
-from deployments.ingress.api.schemas import _as_invalid_request, parse_embedding_request
+from deployments.ingress.api.schemas import INPUT_SHAPE, EmbeddingRequest, as_invalid_request
 from deployments.ingress.calls.model_client import ModelClient
 from deployments.ingress.tasks.embeddings import (
     check_dimensions,
@@ -35,6 +35,7 @@ from deployments.ingress.tasks.embeddings import (
 )
 
 Truncate = Literal["end", "start", "refuse"]
+Schema = TypeVar("Schema", bound=BaseModel)
 
 # Cohere's input types, each with sentence-transformers' own name for the same prompt.
 PROMPT_ALIASES = {"search_query": "query", "search_document": "document"}
@@ -61,7 +62,7 @@ class EmbedCall:
 
 def parse_embed_call(body: bytes, dialect: Dialect) -> EmbedCall:
     if dialect.family == "openai":
-        openai = parse_embedding_request(body)
+        openai = _parse(EmbeddingRequest, body, {"input": INPUT_SHAPE})
         return EmbedCall(
             openai.model,
             openai.priority,
@@ -72,7 +73,6 @@ def parse_embed_call(body: bytes, dialect: Dialect) -> EmbedCall:
         )
     if dialect.family == "tei":
         tei = _parse(TeiEmbedRequest, body, {"inputs": TEI_INPUTS_SHAPE})
-        assert isinstance(tei, TeiEmbedRequest)
         return EmbedCall(
             tei.model,
             tei.priority,
@@ -243,8 +243,8 @@ def _range_unknown(kind: str) -> InvalidRequest:
     )
 
 
-def _parse(schema: type[BaseModel], body: bytes, shapes: dict[str, str]) -> BaseModel:
+def _parse(schema: type[Schema], body: bytes, shapes: dict[str, str]) -> Schema:
     try:
         return schema.model_validate_json(body)
     except ValidationError as exc:
-        raise _as_invalid_request(exc, shapes) from None
+        raise as_invalid_request(exc, shapes) from None

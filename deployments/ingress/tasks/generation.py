@@ -39,7 +39,7 @@ from deployments.ingress.api.generation_schemas import (
     CompletionRequest,
     Unsupported,
 )
-from deployments.ingress.api.schemas import _as_invalid_request
+from deployments.ingress.api.schemas import as_invalid_request
 from deployments.ingress.calls.call_errors import RAY_CALL_ERRORS, REPLICA_GONE, ray_call_error
 from deployments.ingress.calls.replica_watch import ReplicaWatch
 from deployments.ingress.rollout.versions import ModelVersions, Version
@@ -231,7 +231,7 @@ def parse_generation_request(
             "messages": "'messages' must be a non-empty array of {role, content} objects, "
             "role one of system, user, assistant, developer, content a string",
         }
-        raise _as_invalid_request(exc, shapes) from None
+        raise as_invalid_request(exc, shapes) from None
 
 
 def _token_id_prompt(body: bytes) -> bool:

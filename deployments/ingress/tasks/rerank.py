@@ -21,7 +21,7 @@ from deployments.ingress.api.rerank_schemas import (
     RerankRequest,
     TeiRerankRequest,
 )
-from deployments.ingress.api.schemas import _as_invalid_request
+from deployments.ingress.api.schemas import as_invalid_request
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def parse_rerank_request(body: bytes, dialect: Dialect) -> RerankQuery:
             request = RerankRequest.model_validate_json(body)
     except ValidationError as exc:
         shapes = {"documents": DOCUMENTS_SHAPE, "texts": TEXTS_SHAPE}
-        raise _as_invalid_request(exc, shapes) from None
+        raise as_invalid_request(exc, shapes) from None
     if dialect.family == "tei":
         if tei.truncate and tei.truncation_direction.lower() == "left":
             raise InvalidRequest(

@@ -10,7 +10,7 @@ import pytest
 
 from deployments.core.batch_jobs.records import BatchRecord
 from deployments.ingress.batches.redis_store import RedisBatchStore
-from tests.integration.test_result_cache_redis import RedisProcess, redis_server
+from tests.parts.test_result_cache_redis import RedisProcess, redis_server
 from tests.unit.batch_support import new_batch
 from tests.unit.test_batch_dispatcher import (
     test_a_batch_runs_every_line_once_and_writes_its_files,

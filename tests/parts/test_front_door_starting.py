@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.front_door_support import (
+from tests.parts.front_door_support import (
     exchange,
     free_port,
     front_door,

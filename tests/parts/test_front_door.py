@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from deployments.launch import main as launch
-from tests.unit.front_door_support import (
+from tests.parts.front_door_support import (
     ERRORS,
     exchange,
     free_port,
