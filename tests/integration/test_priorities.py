@@ -10,6 +10,7 @@ import httpx
 
 from tests.integration.conftest import Harness
 from tests.integration.test_embeddings_route import assert_error
+from tests.waiting import until
 
 MODEL = "fake-embedder"
 
@@ -137,8 +138,7 @@ async def test_the_time_a_request_waited_at_the_ingress_travels_with_its_job(
     harness.embedder.gate.clear()
     started = time.monotonic()
     held = asyncio.create_task(post(client, "first"))
-    while not harness.embedder.calls:  # until the first is at the replica, held there
-        await asyncio.sleep(0.005)
+    await until(lambda: harness.embedder.calls)  # the first is at the replica, held there
     sent_by = time.monotonic() - started  # so it waited no longer than this at the ingress
     queued = asyncio.create_task(post(client, "second"))  # waits behind the held call
     await asyncio.sleep(0.3)

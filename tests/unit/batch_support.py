@@ -15,20 +15,6 @@ from deployments.ingress.batches.dispatcher import LineAnswer
 from deployments.ingress.batches.store import BatchStore
 
 
-async def until(ready: Any, timeout_s: float = 10.0) -> None:
-    """Waits for `ready()` (a plain or an async predicate) to hold: a loaded machine must
-    not turn a test's fixed sleep into a failure."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        held = ready()
-        if asyncio.iscoroutine(held):
-            held = await held
-        if held:
-            return
-        assert time.monotonic() < deadline, "the awaited state never came"
-        await asyncio.sleep(0.005)
-
-
 class FakeRunner:
     def __init__(self) -> None:
         self.sent: list[str] = []  # request ids, in the order they were sent

@@ -20,8 +20,8 @@ from tests.unit.batch_support import (
     input_file,
     new_batch,
     output_ids,
-    until,
 )
+from tests.waiting import until
 
 
 @pytest.fixture
