@@ -15,7 +15,7 @@ from deployments.errors import InvalidRequest, PayloadTooLarge
 from deployments.http.openapi import json_request_body
 from deployments.ingress.api.dialects import Dialect
 from deployments.ingress.api.request_meta import RequestMeta, read_meta
-from deployments.ingress.tasks.embeddings import to_json
+from deployments.ingress.api.schemas import to_json
 
 if TYPE_CHECKING:
     from deployments.core.access.access import Tenant

@@ -1,6 +1,6 @@
 """The other embedding dialects: Cohere's /v1/embed and /v2/embed, text-embeddings-inference's
 /embed, its root route POST / (an embedding model's /embed) and GET /info. The dialect only
-changes parsing and the answer's shape (ingress/tasks/embed_dialects.py); the job, its admission
+changes parsing and the answer's shape (ingress/tasks/embed.py); the job, its admission
 and batching are those of /v1/embeddings."""
 
 from __future__ import annotations

@@ -60,12 +60,12 @@ from deployments.ingress.rollout.versions import Version
 from deployments.ingress.status.health import Health, ReadinessCheck
 from deployments.ingress.status.model_list import model_list
 from deployments.ingress.status.stats_gather import Stats
-from deployments.ingress.tasks.embed_dialects import (
+from deployments.ingress.tasks.embed import (
+    embedding_token_estimate,
     find_model,
     parse_embed_call,
     refuse_wider_than_model,
 )
-from deployments.ingress.tasks.embeddings import embedding_token_estimate
 from deployments.ingress.tasks.generation import (
     GenerationCall,
     LiveGeneration,

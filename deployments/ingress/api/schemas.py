@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -163,3 +164,8 @@ def _path(loc: tuple[int | str, ...]) -> str:
         else:
             break
     return path
+
+
+def to_json(body: Any) -> bytes:
+    """An answer as JSON bytes in one pass: numpy vectors included, as orjson writes them."""
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -21,8 +21,8 @@ from deployments.ingress.api.dialects import (
     Dialect,
 )
 from deployments.ingress.api.request_meta import RequestMeta
+from deployments.ingress.api.schemas import to_json
 from deployments.ingress.batches.dispatcher import LineAnswer
-from deployments.ingress.tasks.embeddings import to_json
 
 if TYPE_CHECKING:
     from deployments.ingress.ingress import Ingress

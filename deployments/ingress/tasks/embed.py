@@ -1,19 +1,21 @@
-"""Every embedding dialect as one `EmbedCall`: which model, which class, the job (always an
-`EmbedJob`, so admission, priorities, deadlines and batching are those of /v1/embeddings)
-and how the result is answered. OpenAI's shapes are in `embeddings.py`; Cohere's and
-text-embeddings-inference's are here, their schemas in `embed_schemas.py`."""
+"""The embedding task in the ingress: every dialect (OpenAI's, Cohere's v1 and v2,
+text-embeddings-inference's) parsed into one `EmbedCall`: which model, which class, the job
+(always an `EmbedJob`, so admission, priorities, deadlines and batching are the same for
+all) and how the result is answered in the caller's shape. The schemas are in
+`api/schemas.py` and `api/embed_schemas.py`."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from deployments.config import EmbeddingModelConfig
+from deployments.core.access.access import estimate_tokens
 from deployments.core.encoding.quantize import Precision, RangeUnknown, quantize
 from deployments.core.encoding.vectors import shrink_dimensions, to_base64
 from deployments.core.protocol import EmbedJob, EmbedResult
@@ -28,11 +30,6 @@ from deployments.ingress.api.embed_schemas import (
 )
 from deployments.ingress.api.schemas import INPUT_SHAPE, EmbeddingRequest, as_invalid_request
 from deployments.ingress.calls.model_client import ModelClient
-from deployments.ingress.tasks.embeddings import (
-    check_dimensions,
-    embedding_job,
-    embedding_response,
-)
 
 Truncate = Literal["end", "start", "refuse"]
 Schema = TypeVar("Schema", bound=BaseModel)
@@ -248,3 +245,98 @@ def _parse(schema: type[Schema], body: bytes, shapes: dict[str, str]) -> Schema:
         return schema.model_validate_json(body)
     except ValidationError as exc:
         raise as_invalid_request(exc, shapes) from None
+
+
+# OpenAI's embeddings: the job from its `input`, and its answer.
+
+
+def check_dimensions(request: EmbeddingRequest, width: int) -> None:
+    """`dimensions` keeps the first N of the model's `width` components: more is a 400."""
+    if request.dimensions is not None and request.dimensions > width:
+        raise InvalidRequest(
+            f"'dimensions' is {request.dimensions}; model '{request.model}' has {width}.",
+            param="dimensions",
+        )
+
+
+def embedding_response(result: EmbedResult, request: EmbeddingRequest) -> dict[str, Any]:
+    check_dimensions(request, result.vectors.shape[1])
+    vectors = shrink_dimensions(result.vectors, request.dimensions)
+    as_base64 = request.encoding_format == "base64"
+    truncated = set(result.truncated)
+    data: list[dict[str, Any]] = []
+    for index, vector in enumerate(vectors):
+        entry: dict[str, Any] = {
+            "object": "embedding",
+            "index": index,
+            "embedding": to_base64(vector) if as_base64 else vector,
+        }
+        if index in truncated:
+            entry["truncated"] = True
+        data.append(entry)
+    tokens = sum(result.token_counts)
+    return {
+        "object": "list",
+        "data": data,
+        "model": request.model,
+        "usage": {
+            "prompt_tokens": tokens,
+            "total_tokens": tokens,
+            "truncated_inputs": len(truncated),
+        },
+    }
+
+
+def embedding_job(
+    request: EmbeddingRequest, model: EmbeddingModelConfig, request_id: str
+) -> EmbedJob:
+    value = request.input
+    job_id = uuid.uuid4().hex
+    # The schema's union is checked; an isinstance on the first item tells which member.
+    if isinstance(value, str):
+        job = EmbedJob(texts=[value], job_id=job_id, request_id=request_id)
+    elif not value:
+        raise InvalidRequest("'input' must not be an empty array.", param="input")
+    elif isinstance(value[0], str):
+        texts = cast(list[str], value)
+        job = EmbedJob(texts=texts, job_id=job_id, request_id=request_id)
+    elif isinstance(value[0], int):
+        one = cast(list[int], value)
+        job = EmbedJob(token_ids=[one], job_id=job_id, request_id=request_id)
+    else:
+        many = cast(list[list[int]], value)
+        job = EmbedJob(token_ids=many, job_id=job_id, request_id=request_id)
+    if job.token_ids is not None and not model.accept_token_ids:
+        raise token_ids_not_accepted(model.name)
+    inputs = job.texts if job.texts is not None else job.token_ids
+    assert inputs is not None
+    if any(len(item) == 0 for item in inputs):
+        raise InvalidRequest("'input' must not contain empty strings or arrays.", param="input")
+    if len(inputs) > model.max_inputs:
+        raise PayloadTooLarge(
+            f"{len(inputs)} inputs in one request; model '{model.name}' accepts at most "
+            f"{model.max_inputs}.",
+            param="input",
+        )
+    return job
+
+
+def token_ids_not_accepted(model: str) -> InvalidRequest:
+    """The 400 for token ids a model was not configured to trust: ids from another
+    tokenizer (tiktoken's, sent by OpenAI clients) would be read as this model's own and
+    give a wrong vector with a 200, so they are refused unless the config says otherwise."""
+    return InvalidRequest(
+        f"Model '{model}' does not accept token ids as 'input': ids from another tokenizer "
+        "(OpenAI clients send tiktoken's) would be misread as this model's own. Send the "
+        "text instead; with LangChain's OpenAIEmbeddings, set "
+        "check_embedding_ctx_length=False. (An operator can set accept_token_ids: true on "
+        "a model whose clients send ids in its own vocabulary.)",
+        param="input",
+        code="token_ids_not_accepted",
+    )
+
+
+def embedding_token_estimate(job: EmbedJob) -> int:
+    if job.texts is not None:
+        return estimate_tokens(job.texts)
+    return sum(len(ids) + 2 for ids in job.token_ids or ())
