@@ -177,7 +177,7 @@ class Ingress:
     async def embed(
         self, body: bytes, meta: RequestMeta, tenant: Tenant | None, dialect: Dialect
     ) -> Answer:
-        """/v1/embeddings, Cohere's /v1/embed and /v2/embed, TEI's /embed (embed_dialects)."""
+        """/v1/embeddings, Cohere's /v1/embed and /v2/embed, TEI's /embed (tasks/embed.py)."""
         call = parse_embed_call(body, dialect)
         name, pick = self._route(call.model, meta, tenant, call.user)
         model = find_model(self.catalog.of_task("embedding"), name)
