@@ -19,8 +19,7 @@ import ray
 from deployments.config import (
     AppConfig,
     EmbeddingModelConfig,
-    GenerationModelConfig,
-    RerankModelConfig,
+    ModelConfig,
 )
 from deployments.core.access.access import Tenant, estimate_tokens
 from deployments.core.admission.held_requests import HeldRequests
@@ -291,7 +290,7 @@ class Ingress:
 
     def _admit(
         self,
-        model: EmbeddingModelConfig | RerankModelConfig | GenerationModelConfig,
+        model: ModelConfig,
         version: Version,
         body_priority: str | None,
         meta: RequestMeta,

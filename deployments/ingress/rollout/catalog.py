@@ -14,6 +14,7 @@ from deployments.config import (
     AppConfig,
     EmbeddingModelConfig,
     GenerationModelConfig,
+    ModelConfig,
     RerankModelConfig,
 )
 from deployments.config.traffic import TrafficConfig
@@ -25,7 +26,6 @@ from deployments.ingress.rollout.versions import ModelVersions, Version
 
 logger = logging.getLogger("ray.serve")
 
-ModelConfig = EmbeddingModelConfig | RerankModelConfig | GenerationModelConfig
 CONFIG_TYPES: dict[str, type[ModelConfig]] = {
     "embedding": EmbeddingModelConfig,
     "rerank": RerankModelConfig,
