@@ -1,0 +1,48 @@
+"""Who takes the device next, among the replicas waiting for it.
+
+The most urgent pass goes first: request class first (realtime, normal, batch), then the
+model's `priority` (higher first), then the clock (the earliest time a batch's deadline or
+latency target falls due), then whoever has waited longest. Ageing by share: a waiting
+model whose recent share of the device is below its `min_share` goes before all of that,
+so a model of low priority or a low class slows down under load but never starves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Waiter:
+    slot: int
+    model_key: int
+    klass: int  # Priority value: 0 realtime, 1 normal, 2 batch
+    priority: int  # the model's; higher goes first
+    urgent_at: float  # monotonic seconds; inf where the batch has no deadline or target
+    since: float  # when it began to wait
+    min_share: float
+    weight: int  # capacity units its pass holds
+
+
+def owed(waiter: Waiter, shares: Mapping[int, float]) -> bool:
+    """Below its model's guaranteed share of the device's recent busy time."""
+    return waiter.min_share > 0 and shares.get(waiter.model_key, 0.0) < waiter.min_share
+
+
+def rank(waiter: Waiter, shares: Mapping[int, float]) -> tuple[bool, int, int, float, float]:
+    """Smaller goes first."""
+    return (
+        not owed(waiter, shares),
+        waiter.klass,
+        -waiter.priority,
+        waiter.urgent_at,
+        waiter.since,
+    )
+
+
+def next_waiter(waiters: Sequence[Waiter], shares: Mapping[int, float]) -> Waiter | None:
+    """The waiter whose turn it is, or None when nobody waits."""
+    if not waiters:
+        return None
+    return min(waiters, key=lambda waiter: rank(waiter, shares))

@@ -1,0 +1,426 @@
+"""A replica's turns at its device: ask before a forward pass (or an engine step), give
+back after. The most urgent waiting pass on the device is granted next (`order.py`), as
+soon as the passes holding turns leave room for it (`capacity`, in units of `weight`).
+
+The uncontended turn is one locked look at the shared table (`table.py`): a few
+microseconds. A pass that must wait sleeps on a datagram socket of its own slot; whoever
+gives a turn back grants the next one under the lock and sends it one byte. A waiter also
+looks again every `recheck_s`, so a lost byte or a holder that died costs at most that.
+
+Both waits are offered: `acquire` on an event loop, `acquire_blocking` on a thread (the
+generation engine's step runs on its own thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import select
+import socket
+import threading
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deployments.core.device_turns.order import Waiter, next_waiter
+from deployments.core.device_turns.table import (
+    FREE,
+    GRANTED_AT,
+    HOLDING,
+    IDLE,
+    KLASS,
+    MAX_HOLD_S,
+    MIN_SHARE,
+    MODEL_KEY,
+    PID,
+    PRIORITY,
+    SINCE,
+    STATE,
+    URGENT_AT,
+    WAITING,
+    WEIGHT,
+    Header,
+    Slot,
+    TurnTable,
+    decayed,
+)
+
+Clock = Callable[[], float]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive, if not ours to signal
+        return True
+    return True
+
+
+@dataclass(frozen=True)
+class TurnSettings:
+    priority: int = 0  # the model's, across models; higher goes first
+    min_share: float = 0.0  # of the device's recent busy time, guaranteed while it waits
+    weight: int = 1  # capacity units one pass holds
+    max_hold_s: float = 30.0  # a turn held longer is taken back (a hung pass)
+    recheck_s: float = 0.1  # a waiter looks at the table at least this often
+
+
+@dataclass
+class Turn:
+    """One granted turn; `waited_s` from asking to the grant."""
+
+    slot: int
+    klass: int
+    asked_at: float
+    granted_at: float = 0.0
+
+    @property
+    def waited_s(self) -> float:
+        return self.granted_at - self.asked_at
+
+
+@dataclass
+class ClassCounts:
+    turns: int = 0
+    waited_s: float = 0.0
+    held_s: float = 0.0
+    waited_turns: int = 0  # turns that had to wait
+
+
+@dataclass
+class TurnCounts:
+    by_class: dict[int, ClassCounts] = field(default_factory=dict)
+    taken_back: int = 0  # turns of others this replica found dead or hung and freed
+
+    def of(self, klass: int) -> ClassCounts:
+        return self.by_class.setdefault(klass, ClassCounts())
+
+
+class DeviceTurns:
+    def __init__(
+        self,
+        table: TurnTable,
+        model: str,
+        settings: TurnSettings,
+        passes: int = 1,
+        clock: Clock = time.monotonic,
+        is_alive: Callable[[int], bool] = pid_alive,
+    ) -> None:
+        """`passes`: how many turns this replica may hold or ask for at once."""
+        self.table = table
+        self.model = model
+        self.settings = settings
+        self.counts = TurnCounts()
+        self._clock = clock
+        self._alive = is_alive
+        self._pid = os.getpid()
+        self._model_key = zlib.crc32(model.encode())
+        with table.locked():
+            self._slots = [table.claim(self._pid, is_alive) for _ in range(max(1, passes))]
+        self._idle = deque(self._slots)
+        self._idle_lock = threading.Lock()
+        self._wakers = {index: self._bind(index) for index in self._slots}
+        self._sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sender.setblocking(False)
+
+    def _socket_path(self, index: int) -> str:
+        return f"{self.table.path}.{index}.sock"
+
+    def _bind(self, index: int) -> socket.socket:
+        path = self._socket_path(index)
+        with suppress(FileNotFoundError):
+            os.unlink(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(path)
+        sock.setblocking(False)
+        return sock
+
+    # Asking and giving back.
+
+    def try_acquire(self, klass: int, urgent_at: float = math.inf) -> tuple[Turn, bool]:
+        """Asks for a turn without waiting: (the turn, whether it is granted). A turn not
+        granted is waiting in the table; finish with `acquire`'s or `acquire_blocking`'s
+        wait, or `withdraw` it."""
+        with self._idle_lock:
+            index = self._idle.popleft()
+        now = self._clock()
+        turn = Turn(index, klass, now)
+        s = self.settings
+        with self.table.locked() as table:
+            table.write(
+                index,
+                Slot(
+                    pid=self._pid,
+                    state=WAITING,
+                    klass=klass,
+                    priority=s.priority,
+                    weight=s.weight,
+                    min_share=s.min_share,
+                    since=now,
+                    urgent_at=urgent_at,
+                    max_hold_s=s.max_hold_s,
+                    model_key=self._model_key,
+                    **self._busy_of(table.slot(index)),
+                ),
+            )
+            granted = self._fill(table, now, reap=False)
+            if index not in granted:
+                granted += self._fill(table, now, reap=True)
+        self._wake(granted, besides=index)
+        if index in granted:
+            turn.granted_at = now
+            self._note_granted(turn)
+            return turn, True
+        return turn, False
+
+    async def acquire(self, klass: int, urgent_at: float = math.inf) -> Turn:
+        """A turn, waited for on the running event loop."""
+        turn, granted = self.try_acquire(klass, urgent_at)
+        if granted:
+            return turn
+        loop = asyncio.get_running_loop()
+        sock = self._wakers[turn.slot]
+        woken = asyncio.Event()
+        loop.add_reader(sock.fileno(), woken.set)
+        try:
+            while not self._granted_yet(turn):
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), self.settings.recheck_s)
+                woken.clear()
+                _drain(sock)
+        except BaseException:
+            self.withdraw(turn)
+            raise
+        finally:
+            loop.remove_reader(sock.fileno())
+        return turn
+
+    def acquire_blocking(self, klass: int, urgent_at: float = math.inf) -> Turn:
+        """A turn, waited for on this thread."""
+        turn, granted = self.try_acquire(klass, urgent_at)
+        if granted:
+            return turn
+        sock = self._wakers[turn.slot]
+        try:
+            while not self._granted_yet(turn):
+                select.select([sock], [], [], self.settings.recheck_s)
+                _drain(sock)
+        except BaseException:
+            self.withdraw(turn)
+            raise
+        return turn
+
+    def release(self, turn: Turn) -> None:
+        """Gives the turn back; the next waiting pass is granted at once."""
+        now = self._clock()
+        held_s = max(0.0, now - turn.granted_at)
+        with self.table.locked() as table:
+            mine = table.slot(turn.slot)
+            if mine.pid == self._pid and mine.state in (HOLDING, WAITING):
+                mine.state = IDLE
+            self._add_busy(table, turn.slot, mine, held_s, now)
+            granted = self._fill(table, now, reap=False)
+        self._wake(granted)
+        self.counts.of(turn.klass).held_s += held_s
+        self._give_back_slot(turn.slot)
+
+    def withdraw(self, turn: Turn) -> None:
+        """A turn asked for and no longer wanted (its caller was cancelled): passed on if
+        it was granted meanwhile."""
+        with self.table.locked() as table:
+            mine = table.slot(turn.slot)
+            was_holding = mine.state == HOLDING and mine.pid == self._pid
+            if mine.pid == self._pid:
+                mine.state = IDLE
+                table.write(turn.slot, mine)
+            granted = self._fill(table, self._clock(), reap=False) if was_holding else []
+        self._wake(granted)
+        self._give_back_slot(turn.slot)
+
+    # Reading the device.
+
+    def shares(self) -> dict[int, float]:
+        """Each model's share of the device's recent busy time, by model key."""
+        with self.table.locked() as table:
+            return _shares(table, table.header(), self._clock())
+
+    def my_share(self) -> float:
+        return self.shares().get(self._model_key, 0.0)
+
+    def report(self) -> dict[str, object]:
+        """For the replica's info (/v1/stats): turns, waits and time held per class."""
+        with self.table.locked() as table:
+            header = table.header()
+            slots = list(table.in_use())
+            shares = _shares(table, header, self._clock())
+        return {
+            "table": str(self.table.path),
+            "capacity": header.capacity,
+            "weight": self.settings.weight,
+            "priority": self.settings.priority,
+            "min_share": self.settings.min_share,
+            "replicas_on_device": len({s.pid for _, s in slots}),
+            "holding": sum(1 for _, s in slots if s.state == HOLDING),
+            "waiting": sum(1 for _, s in slots if s.state == WAITING),
+            "share": round(shares.get(self._model_key, 0.0), 4),
+            "taken_back": self.counts.taken_back,
+            "by_class": {
+                klass: {
+                    "turns": c.turns,
+                    "waited_turns": c.waited_turns,
+                    "wait_s": round(c.waited_s, 6),
+                    "held_s": round(c.held_s, 6),
+                }
+                for klass, c in sorted(self.counts.by_class.items())
+            },
+        }
+
+    def close(self) -> None:
+        """Frees this replica's slots (a process that dies without it is found by pid)."""
+        with self.table.locked() as table:
+            for index in self._slots:
+                if table.slot(index).pid == self._pid:
+                    table.write(index, Slot())
+            granted = self._fill(table, self._clock(), reap=False)
+        self._wake(granted)
+        for index, sock in self._wakers.items():
+            sock.close()
+            with suppress(FileNotFoundError):
+                os.unlink(self._socket_path(index))
+        self._sender.close()
+
+    # Under the lock.
+
+    def _fill(self, table: TurnTable, now: float, reap: bool) -> list[int]:
+        """Grants waiting passes, most urgent first, while capacity allows (one pass
+        always may run, whatever its weight); `reap` first frees turns whose holder died
+        or held too long, and slots of dead waiters. Returns the slots granted."""
+        header = table.header()
+        held = 0
+        waiters: list[Waiter] = []
+        for index, row in enumerate(table.rows(header.high_water)):
+            state, pid = row[STATE], row[PID]
+            if state == FREE:
+                continue
+            if reap and pid != self._pid and not self._alive(int(pid)):
+                table.write(index, Slot())
+                self.counts.taken_back += state == HOLDING
+                continue
+            if state == HOLDING:
+                if reap and now - row[GRANTED_AT] > row[MAX_HOLD_S]:
+                    table.set_state(index, IDLE)
+                    self.counts.taken_back += 1
+                    continue
+                held += int(row[WEIGHT])
+            elif state == WAITING:
+                waiters.append(
+                    Waiter(
+                        index,
+                        int(row[MODEL_KEY]),
+                        int(row[KLASS]),
+                        int(row[PRIORITY]),
+                        row[URGENT_AT],
+                        row[SINCE],
+                        row[MIN_SHARE],
+                        int(row[WEIGHT]),
+                    )
+                )
+        granted: list[int] = []
+        shares: dict[int, float] | None = None
+        while waiters:
+            if shares is None:
+                shares = _shares(table, header, now) if len(waiters) > 1 else {}
+            best = next_waiter(waiters, shares)
+            assert best is not None
+            if held > 0 and held + best.weight > header.capacity:
+                break  # no smaller pass jumps ahead of the most urgent one
+            table.grant(best.slot, now)
+            held += best.weight
+            waiters.remove(best)
+            granted.append(best.slot)
+        return granted
+
+    def _granted_yet(self, turn: Turn) -> bool:
+        now = self._clock()
+        with self.table.locked() as table:
+            mine = table.slot(turn.slot)
+            if mine.state != HOLDING or mine.pid != self._pid:
+                granted = self._fill(table, now, reap=True)
+                mine = table.slot(turn.slot)
+            else:
+                granted = []
+        self._wake(granted, besides=turn.slot)
+        if mine.state == HOLDING and mine.pid == self._pid:
+            turn.granted_at = mine.granted_at
+            self._note_granted(turn)
+            return True
+        if mine.pid != self._pid or mine.state != WAITING:
+            # The table lost our slot (rebuilt under us): the pass runs rather than wait
+            # on nothing; the slot is ours again for the next turn.
+            with self.table.locked() as table:
+                table.write(turn.slot, Slot(pid=self._pid, state=HOLDING, granted_at=now))
+            turn.granted_at = now
+            self._note_granted(turn)
+            return True
+        return False
+
+    def _add_busy(self, table: TurnTable, index: int, s: Slot, held_s: float, now: float) -> None:
+        header = table.header()
+        tau = header.tau_s
+        s.busy = decayed(s.busy, s.busy_at, now, tau) + held_s
+        s.busy_at = now
+        table.write(index, s)
+        header.device_busy = decayed(header.device_busy, header.device_busy_at, now, tau) + held_s
+        header.device_busy_at = now
+        table.write_header(header)
+
+    @staticmethod
+    def _busy_of(s: Slot) -> dict[str, float]:
+        return {"busy": s.busy, "busy_at": s.busy_at}
+
+    # Around the lock.
+
+    def _note_granted(self, turn: Turn) -> None:
+        counts = self.counts.of(turn.klass)
+        counts.turns += 1
+        counts.waited_s += turn.waited_s
+        counts.waited_turns += turn.waited_s > 0
+
+    def _wake(self, slots: list[int], besides: int | None = None) -> None:
+        for index in slots:
+            if index != besides:
+                with suppress(OSError):
+                    self._sender.sendto(b"!", self._socket_path(index))
+
+    def _give_back_slot(self, index: int) -> None:
+        with self._idle_lock:
+            self._idle.append(index)
+
+
+def _shares(table: TurnTable, header: Header, now: float) -> dict[int, float]:
+    total = decayed(header.device_busy, header.device_busy_at, now, header.tau_s)
+    if total <= 0:
+        return {}
+    by_model: dict[int, float] = {}
+    for _, s in table.in_use():
+        busy = decayed(s.busy, s.busy_at, now, header.tau_s)
+        by_model[s.model_key] = by_model.get(s.model_key, 0.0) + busy
+    return {key: busy / total for key, busy in by_model.items()}
+
+
+def _drain(sock: socket.socket) -> None:
+    with suppress(BlockingIOError, InterruptedError):
+        while sock.recv(16):
+            pass
+
+
+def table_path(base: Path, node: str, device: str) -> Path:
+    """One table per device of a node: `device` is `cpu` or `gpu<id>`."""
+    return base / f"{node}-{device}.turns"
