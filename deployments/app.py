@@ -37,6 +37,7 @@ def build_app(args: dict[str, Any]) -> Application:
     # A missing key file or variable fails the deploy here, not in the ingress replica.
     build_access_control(config.auth)
     names = _DeploymentNames()
+    config = with_device_arbiter(config)
     embedders = {
         version_key(m.name, m.version): _model_deployment(Embedder, names("embed", m), m)
         for m in config.embedding_models
@@ -57,6 +58,21 @@ def build_app(args: dict[str, Any]) -> Application:
         embedders=embedders,
         rerankers=rerankers,
         generators=generators,
+    )
+
+
+def with_device_arbiter(config: AppConfig) -> AppConfig:
+    """Every model on a device takes turns by the same rules: the app's `device_arbiter`,
+    copied into each model's config (its replicas see only their own)."""
+    return config.model_copy(
+        update={
+            kind: [m.model_copy(update={"device_arbiter": config.device_arbiter}) for m in models]
+            for kind, models in (
+                ("embedding_models", config.embedding_models),
+                ("rerank_models", config.rerank_models),
+                ("generation_models", config.generation_models),
+            )
+        }
     )
 
 

@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 from deployments.config.base import ModelDeploymentConfig
 from deployments.config.batches import BatchesConfig
 from deployments.config.cache import CacheConfig
+from deployments.config.device import DeviceArbiterConfig
 from deployments.config.encoders import EmbeddingModelConfig, RerankModelConfig
 from deployments.config.generation import GenerationModelConfig
 from deployments.config.serve_options import ActorOptions, DeploymentOptions
@@ -177,6 +178,8 @@ class AppConfig(StrictModel):
     auth: AuthConfig = AuthConfig()
     cache: CacheConfig = CacheConfig()  # the per-item result cache (config/cache.py)
     batches: BatchesConfig = BatchesConfig()  # the OpenAI Batch API (config/batches.py)
+    # Turns at a device the models share (config/device.py).
+    device_arbiter: DeviceArbiterConfig = DeviceArbiterConfig()
     # Any non-empty combination of tasks is an app; see _serves_a_model.
     embedding_models: list[EmbeddingModelConfig] = Field(default_factory=list)
     rerank_models: list[RerankModelConfig] = Field(default_factory=list)

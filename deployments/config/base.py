@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from deployments.config.device import DeviceArbiterConfig, DeviceTurnsConfig
 from deployments.config.output_neutral import OutputNeutral
 from deployments.config.serve_options import DeploymentOptions
 from deployments.config.strict import StrictModel
@@ -93,3 +94,6 @@ class ModelDeploymentConfig(StrictModel):
     )
     batching: OutputNeutral[ModelBatching] = ModelBatching()
     deployment: OutputNeutral[DeploymentOptions] = DeploymentOptions()
+    device_turns: OutputNeutral[DeviceTurnsConfig] = DeviceTurnsConfig()
+    # The app's `device_arbiter`, copied in by build_app (config/device.py).
+    device_arbiter: OutputNeutral[DeviceArbiterConfig] = DeviceArbiterConfig()

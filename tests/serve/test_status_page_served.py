@@ -43,6 +43,7 @@ class Rows(HTMLParser):
         self.versions: dict[tuple[str, str], dict[str, str]] = {}  # (model, version)
         self.cache: dict[str, dict[str, str]] = {}  # model -> its cache row
         self.batches: dict[str, dict[str, str]] = {}  # batch id ("" none) -> its row
+        self.device: dict[tuple[str, str], dict[str, str]] = {}  # (model, class)
         self.state = ""
         self._row: dict[str, str] | None = None
         self._cell: str | None = None
@@ -52,6 +53,9 @@ class Rows(HTMLParser):
         found = dict(attrs)
         if tag == "tr" and found.get("data-model"):
             self._row = self.rows[(found["data-model"] or "", found["data-class"] or "")] = {}
+        elif tag == "tr" and found.get("data-device-of"):
+            key = (found["data-device-of"] or "", found.get("data-class") or "")
+            self._row = self.device[key] = {}
         elif tag == "tr" and found.get("data-cache-of"):
             self._row = self.cache[found["data-cache-of"] or ""] = {}
         elif tag == "tr" and "data-batch-of" in found:
@@ -154,3 +158,8 @@ def test_the_status_page_renders_live_figures_in_a_browser(server: Server, tmp_p
     assert int(rows.cache[CACHED_MODEL]["hits"]) >= 1
     # The Batch API's table: this replica's dispatcher, idle or running one batch.
     assert len(rows.batches) == 1
+    # The shared device's table: the batch-class passes took their turns.
+    device = rows.device[(MODEL, "batch")]
+    assert int(device["device_turns"]) >= 1, device
+    assert device["share"].endswith("%") and float(device["device_wait_ms"]) >= 0
+    assert {("tiny-llama-demo", c) for c in classes} <= set(rows.device)

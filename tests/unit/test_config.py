@@ -164,3 +164,23 @@ def test_an_app_without_models_is_refused() -> None:
     args.pop("embedding_models")
     with pytest.raises(ValidationError, match="no models"):
         AppConfig.model_validate(args)
+
+
+def test_every_model_takes_the_apps_device_arbiter_and_keeps_its_own_turns() -> None:
+    from deployments.app import with_device_arbiter
+
+    args = default_args()
+    args["device_arbiter"] = {"enabled": False, "max_hold_s": 5}
+    args["rerank_models"][0]["device_turns"] = {"priority": 7, "min_share": 0.2}
+    config = with_device_arbiter(AppConfig.model_validate(args))
+    models = [*config.embedding_models, *config.rerank_models, *config.generation_models]
+    assert all(not m.device_arbiter.enabled and m.device_arbiter.max_hold_s == 5 for m in models)
+    assert config.rerank_models[0].device_turns.priority == 7
+    assert config.embedding_models[0].device_turns.min_share == 0.05  # the default
+
+
+def test_device_turn_settings_are_bounded() -> None:
+    args = default_args()
+    args["embedding_models"][0]["device_turns"] = {"min_share": 1.5}
+    with pytest.raises(ValidationError, match="min_share"):
+        AppConfig.model_validate(args)

@@ -49,8 +49,10 @@ SUB_RANKS: dict[str, dict[str, int]] = {
         "rollout": 1,
         "encoding": 1,
         "batch_jobs": 1,
-        # The replicas' policies: memory faults and budgets under the batching that uses them.
+        # The replicas' policies: memory faults and budgets under the batching that uses them,
+        # and turns at a device shared across models.
         "memory": 1,
+        "device_turns": 1,
         "batching": 2,
         # Every series, recorded by both sides (a cost fit is one of them).
         "metrics": 3,
@@ -76,7 +78,7 @@ SUB_RANKS: dict[str, dict[str, int]] = {
 
 # Each process's policies in core/ are its own: the other side never imports them.
 INGRESS_SIDE = {"access", "admission", "cache", "rollout", "encoding", "batch_jobs"}
-REPLICA_SIDE = {"memory", "batching"}
+REPLICA_SIDE = {"memory", "batching", "device_turns"}
 
 
 def module_name(path: Path) -> str:

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from transformers import ContinuousBatchingConfig, GenerationConfig, LogitsProcessorList
@@ -73,12 +73,37 @@ class ContinuousSettings:
     torch_threads: int = 0  # 0 = torch's default
 
 
+class StepHooks(Protocol):
+    """Called on the manager's thread around each step's forward pass: the turn at a
+    device shared with other models (replicas/device_turns.py)."""
+
+    def before_step(self) -> None: ...
+
+    def after_step(self) -> None: ...
+
+
+def _quietly(hook: Callable[[], None]) -> None:
+    # An exception on the manager's thread would end it and every sequence with it; a
+    # step that cannot take its turn runs without one.
+    try:
+        hook()
+    except Exception:
+        logger.exception("a device-turn hook failed; the step runs without a turn")
+
+
 class _PerRequestSampler(ContinuousBatchingLogitsProcessor):
     supported_kwargs: dict[str, type] = {}
     ignored_kwargs: tuple[str, ...] = ()
 
-    def __init__(self, torch_threads: int, eos: int | None, on_row_error: OnRowError) -> None:
+    def __init__(
+        self,
+        torch_threads: int,
+        eos: int | None,
+        on_row_error: OnRowError,
+        step_hooks: Callable[[], StepHooks | None] = lambda: None,
+    ) -> None:
         self.samplers: dict[str, RowSampler] = {}
+        self._step_hooks = step_hooks
         self._rows: list[RowSampler | None] = []
         self._ids: list[str] = []
         self._torch_threads = torch_threads
@@ -99,9 +124,16 @@ class _PerRequestSampler(ContinuousBatchingLogitsProcessor):
             self._threads_set = True
         self._ids = [r.state.request_id for r in requests_with_new_token]
         self._rows = [self.samplers.get(request_id) for request_id in self._ids]
+        hooks = self._step_hooks()
+        if hooks is not None:
+            _quietly(hooks.before_step)
         return torch.zeros(len(self._rows), dtype=torch.int32)
 
     def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
+        # The step's forward pass is over: its turn at the device goes back first.
+        hooks = self._step_hooks()
+        if hooks is not None:
+            _quietly(hooks.after_step)
         # An exception here would end the manager's thread and every sequence with it: a
         # row that fails is ended (EOS) and its request failed alone.
         failed = sample_rows(scores, self._rows[: scores.size(0)])
@@ -127,6 +159,8 @@ class ContinuousEngine:
         row_sampler: RowSamplerFactory = RowSampler.of,
     ) -> None:
         self.lm = lm
+        # Turns at a shared device around each step; set once the replica is warm.
+        self.step_hooks: StepHooks | None = None
         self.settings = settings
         self._row_sampler = row_sampler
         self._live: dict[str, _Sequence] = {}
@@ -163,7 +197,9 @@ class ContinuousEngine:
             generation_config=generation, continuous_batching_config=config
         )
         eos = min(lm.eos_ids) if lm.eos_ids else None
-        sampler = _PerRequestSampler(settings.torch_threads, eos, self._row_failed)
+        sampler = _PerRequestSampler(
+            settings.torch_threads, eos, self._row_failed, lambda: self.step_hooks
+        )
         processors = ContinuousBatchingLogitsProcessorList(LogitsProcessorList([sampler]))
         processors.tensors_required = 1  # one int32 row of arguments, unused by ours
         # Replaces the manager's (empty) list before its batch processor is created in start().

@@ -43,6 +43,11 @@ class BatchTuner:
             if one.target_s is not None
         }
 
+    def target_s(self, name: str) -> float | None:
+        """The class's latency target, where the config sets one."""
+        limits = self._limits.get(name)
+        return None if limits is None else limits.target_s
+
     def waited(self, name: str, jobs: list[tuple[float, float]]) -> None:
         """A pass's jobs of class `name`: when each reached the replica, and its latency
         from its request's arrival at the ingress to the end of the pass. Until the cost

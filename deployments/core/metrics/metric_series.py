@@ -109,6 +109,36 @@ MODEL_BUSY = Series(
     "model's busy fraction (1 = always busy, up to passes_in_flight).",
     MODEL_CLASS,
 )
+# Turns at a device shared across models (core/device_turns): how long a pass waited for
+# the device, how many turns, and the seconds held, whose rates give each model's share.
+DEVICE_TURN_WAIT = Series(
+    "tributary_device_turn_wait_seconds",
+    Kind.HISTOGRAM,
+    "How long a forward pass (an engine step for the LLM) waited for its turn at the device "
+    "the model shares with other models.",
+    MODEL_CLASS,
+    SECONDS_BUCKETS,
+)
+DEVICE_TURNS = Series(
+    "tributary_device_turns",
+    Kind.COUNTER,
+    "Turns taken at the shared device (one per forward pass or engine step).",
+    MODEL_CLASS,
+)
+DEVICE_HELD = Series(
+    "tributary_device_held_seconds",
+    Kind.COUNTER,
+    "Seconds the model held the shared device; its rate over the sum of all models' rates is "
+    "the model's share of the device.",
+    MODEL_CLASS,
+)
+DEVICE_SHARE = Series(
+    "tributary_device_share",
+    Kind.GAUGE,
+    "The model's share of its device's recent busy time (decayed over share_window_s), as "
+    "the arbiter ranks it against min_share.",
+    ("model",),
+)
 BATCH_SIZE = Series(
     "tributary_batch_size",
     Kind.HISTOGRAM,
@@ -327,6 +357,10 @@ SERIES: tuple[Series, ...] = (
     QUEUE_WAIT,
     INFERENCE,
     MODEL_BUSY,
+    DEVICE_TURN_WAIT,
+    DEVICE_TURNS,
+    DEVICE_HELD,
+    DEVICE_SHARE,
     BATCH_SIZE,
     BATCH_ITEMS,
     BATCH_TOKENS,

@@ -39,7 +39,11 @@ from deployments.core.metrics.metric_series import (
     CLIENT_GONE_STATUS,
     COST_MODEL,
     DEADLINE,
+    DEVICE_HELD,
     DEVICE_MEMORY,
+    DEVICE_SHARE,
+    DEVICE_TURN_WAIT,
+    DEVICE_TURNS,
     DEVICE_UTILIZATION,
     DROPPED_ITEMS,
     INFERENCE,
@@ -90,7 +94,11 @@ __all__ = [
     "CLIENT_GONE_STATUS",
     "COST_MODEL",
     "DEADLINE",
+    "DEVICE_HELD",
     "DEVICE_MEMORY",
+    "DEVICE_SHARE",
+    "DEVICE_TURNS",
+    "DEVICE_TURN_WAIT",
     "DEVICE_UTILIZATION",
     "DROPPED_ITEMS",
     "INFERENCE",
@@ -257,6 +265,15 @@ class TributaryMetrics:
             self._put(DEVICE_UTILIZATION, utilization_percent, model=model)
         if token_ceiling is not None:
             self._put(TOKEN_CEILING, token_ceiling, model=model)
+
+    def device_turn(self, model: str, priority: str, waited_s: float, held_s: float) -> None:
+        """A turn at the shared device, given back."""
+        self._put(DEVICE_TURNS, 1, model=model, priority=priority)
+        self._put(DEVICE_TURN_WAIT, waited_s, model=model, priority=priority)
+        self._put(DEVICE_HELD, held_s, model=model, priority=priority)
+
+    def device_share(self, model: str, share: float) -> None:
+        self._put(DEVICE_SHARE, share, model=model)
 
     def items_dropped(self, model: str, priority: str, reason: str, count: int) -> None:
         self._put(DROPPED_ITEMS, count, model=model, priority=priority, reason=reason)

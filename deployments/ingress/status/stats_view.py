@@ -21,8 +21,24 @@ def batching_classes(
                 replica.get("classes", {}).get(p.label, {}).get("mean_batch_size", 0.0), 2
             ),
             **observer.recent(model, p.label),
+            **device_turns(replica, p.label),
         }
         for p in ALL_PRIORITIES
+    }
+
+
+def device_turns(replica: dict[str, Any], label: str) -> dict[str, Any]:
+    """The class's turns at the device the model shares with other models, since the
+    replica started (replicas/device_turns.py): None where the arbiter is off."""
+    turns = replica.get("device_turns")
+    if not turns:
+        return {"device_turns": None, "device_wait_ms": None, "device_held_s": None}
+    figures = turns.get("by_class", {}).get(label, {})
+    count = figures.get("turns", 0)
+    return {
+        "device_turns": count,
+        "device_wait_ms": round(1e3 * figures.get("wait_s", 0.0) / count, 3) if count else None,
+        "device_held_s": round(figures.get("held_s", 0.0), 3),
     }
 
 
@@ -37,6 +53,7 @@ def generation_classes(
             "queued_items": waiting.get(p.label, 0),
             "mean_batch_size": None,
             **observer.recent(model, p.label),
+            **device_turns(replica, p.label),
         }
         for p in ALL_PRIORITIES
     }

@@ -10,7 +10,8 @@ task's plug-in (`embed_task.EmbedTask`, `rerank_task.RerankTask`) and hands it e
   the gate and the model (`forward_pass`), and keeps each job's state for `forget`;
 - `reconfigure` applies new batch limits (Serve's user_config), `info` reports;
 - `finish_warm_up`, after the warm-up batch, probes the memory and caps every class's token
-  budget at what fits, sets the memory limit and makes the replica healthy.
+  budget at what fits, sets the memory limit, opens the device's turns (shared with the
+  other models' replicas on it, replicas/device_turns.py) and makes the replica healthy.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from deployments.replicas.batched.model_threads import ModelThreads
 from deployments.replicas.batched.pass_counters import PassCounters
 from deployments.replicas.batched.replica_memory import ReplicaMemory
 from deployments.replicas.device_memory import DeviceMemory
+from deployments.replicas.device_turns import open_turns
 
 JobT = TypeVar("JobT", bound=BatchJob)
 OutcomeT = TypeVar("OutcomeT")
@@ -58,6 +60,8 @@ class Batcher(Generic[JobT, OutcomeT]):
         `fence`: what `apply_memory_fence` set before the model loaded; `metrics`: None
         records into Ray's."""
         self.name = config.name
+        self._config = config
+        self._device = device.device
         self._task = task
         self._threads = threads
         self.metrics = metrics or build_metrics()
@@ -117,6 +121,14 @@ class Batcher(Generic[JobT, OutcomeT]):
             self.queues.retune()
         self.memory.read_device(self.tuner.backoff.ceiling, force=True)
         self.memory.limit()
+        # Turns at the device from the first request on (the warm-up took none).
+        self.passes.turns = open_turns(
+            self._config,
+            self._device,
+            self._threads.torch_threads,
+            self._threads.passes,
+            self.metrics,
+        )
         self.warm = True
         if ray.is_initialized():
             relax_collector()
@@ -193,4 +205,5 @@ class Batcher(Generic[JobT, OutcomeT]):
                 "device": self.memory.read_device(self.tuner.backoff.ceiling, force=True),
             },
             "recent_drops": self._counters.recent_drops(),
+            "device_turns": None if self.passes.turns is None else self.passes.turns.report(),
         }

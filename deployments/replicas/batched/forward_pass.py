@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,6 +27,7 @@ from deployments.replicas.batched.batched_jobs import EXPIRED, BatchItem, Droppe
 from deployments.replicas.batched.model_threads import ModelThreads
 from deployments.replicas.batched.pass_counters import PassCounters
 from deployments.replicas.batched.replica_memory import ReplicaMemory
+from deployments.replicas.device_turns import ReplicaTurns
 from deployments.replicas.memory import is_memory_fault, release_cached_memory
 
 logger = logging.getLogger("ray.serve")
@@ -54,27 +56,49 @@ class ForwardPasses:
         self._memory = memory
         self._metrics = metrics
         self.gate = PriorityGate({}, capacity=threads.passes)
+        self.turns: ReplicaTurns | None = None  # set once the replica opens its device's
 
     async def run(self, priority: Priority, items: list[Any]) -> list[Any]:
         """One batch of the class: per item its result, a `Dropped`, or the exception it
         failed with."""
         async with self.gate.turn(priority):
-            # One loop turn first: a cancel or a forget note that arrived during the last
-            # forward pass is queued on this loop, and must land before we decide.
-            await asyncio.sleep(0)
-            started = time.monotonic()
-            live, marks = split_live(items, started)
-            self._note_drops(priority, marks, items)
-            results: list[Any] = []
-            if live:
-                results, report = await self._threads.run(
-                    run_split, live, self._compute, is_memory_fault, release_cached_memory
-                )
-                self._counters.ran(priority, len(live))
-                if report.faults:
-                    self._memory_faulted(priority, live, report)
-                else:
-                    self._measure(priority, live, started)
+            if self.turns is None:
+                return await self._run_live(priority, items)
+            # Then the device's turn, shared with other models' replicas: the most
+            # urgent pass on the device goes first (replicas/device_turns.py).
+            async with self.turns.turn(priority, self._urgent_at(priority, items)):
+                return await self._run_live(priority, items)
+
+    def _urgent_at(self, priority: Priority, items: list[BatchItem]) -> float:
+        """When the batch's earliest deadline or latency target falls due."""
+        target = self._tuner.target_s(priority.label)
+        due = math.inf
+        for state in {id(item.state): item.state for item in items}.values():
+            if state.deadline is not None:
+                due = min(due, state.deadline)
+            if target is not None:
+                due = min(due, state.began + target)
+        return due
+
+    async def _run_live(self, priority: Priority, items: list[Any]) -> list[Any]:
+        """The pass itself, on a model thread, over the items still wanted."""
+        # One loop turn first: a cancel or a forget note that arrived during the last
+        # forward pass (or the wait for the device) is queued on this loop, and must
+        # land before we decide.
+        await asyncio.sleep(0)
+        started = time.monotonic()
+        live, marks = split_live(items, started)
+        self._note_drops(priority, marks, items)
+        results: list[Any] = []
+        if live:
+            results, report = await self._threads.run(
+                run_split, live, self._compute, is_memory_fault, release_cached_memory
+            )
+            self._counters.ran(priority, len(live))
+            if report.faults:
+                self._memory_faulted(priority, live, report)
+            else:
+                self._measure(priority, live, started)
         computed = iter(results)
         return [mark if mark is not None else next(computed) for mark in marks]
 

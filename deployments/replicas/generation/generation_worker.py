@@ -80,6 +80,8 @@ class GenerationWorker:
         self._clock = clock
         self._model = model
         self.metrics = metrics or TributaryMetrics()
+        # Sequences in the engine per class: the most urgent names the engine's step.
+        self._running = dict.fromkeys(Priority, 0)
         self.counts = {
             "requests": 0,
             "completed": 0,
@@ -140,6 +142,7 @@ class GenerationWorker:
             return
         finally:
             self._report_sequences()
+        self._running[priority] += 1
         try:
             # aclosing: when our caller closes us, the inner stream must run its cleanup
             # (cancel the sequence) now, not whenever it is garbage-collected.
@@ -148,8 +151,17 @@ class GenerationWorker:
                 async for event in events:
                     yield event
         finally:
+            self._running[priority] -= 1
             self.slots.release(slot)
             self._report_sequences()
+
+    def step_class(self) -> Priority:
+        """The class an engine step runs at: its most urgent sequence's (read on the
+        engine's thread; a stale count costs one step at the neighbouring class)."""
+        for priority, running in self._running.items():
+            if running > 0:
+                return priority
+        return Priority.BATCH
 
     def _report_sequences(self) -> None:
         stats = self.slots.stats

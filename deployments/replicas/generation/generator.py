@@ -38,6 +38,7 @@ from deployments.core.priority import ALL_PRIORITIES, Priority
 from deployments.core.protocol import GenerationJob
 from deployments.metrics import build_metrics
 from deployments.replicas.device import assigned_device, torch_dtype
+from deployments.replicas.device_turns import ReplicaTurns, open_turns
 from deployments.replicas.generation.generation_worker import Event, GenerationWorker
 from deployments.replicas.generation.static_engine import StaticEngine
 
@@ -102,6 +103,9 @@ class Generator:
             self.lm, self.engine, self.slots, model=config.name, metrics=build_metrics()
         )
         self._warm_up()
+        self.turns = open_turns(config, device, threads, 1, self.worker.metrics)
+        if self.turns is not None and isinstance(self.engine, ContinuousEngine):
+            self.engine.step_hooks = _StepTurns(self.turns, self.worker)
         logger.info(
             "generation model %s (%s engine) ready on %s from %s, %d torch threads; %d KV "
             "tokens, %d sequences (%s)",
@@ -196,9 +200,25 @@ class Generator:
             "context_window": self.lm.context_window,
             **self.engine.stats(),
             **self.worker.stats(),
+            "device_turns": None if self.turns is None else self.turns.report(),
         }
 
     def __del__(self) -> None:
         engine = getattr(self, "engine", None)
         if isinstance(engine, ContinuousEngine):
             engine.stop()
+
+
+class _StepTurns:
+    """The engine's step hooks: a turn at the device around each step, at the class of
+    the step's most urgent sequence."""
+
+    def __init__(self, turns: ReplicaTurns, worker: GenerationWorker) -> None:
+        self._turns = turns
+        self._worker = worker
+
+    def before_step(self) -> None:
+        self._turns.before_step(self._worker.step_class())
+
+    def after_step(self) -> None:
+        self._turns.after_step()

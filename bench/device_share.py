@@ -1,0 +1,330 @@
+"""Turns at a shared device, on against off (docs/benchmarks.md, "One device, several models").
+
+The default app (embedder, reranker and LLM on one machine's cores) is served once with
+the device arbiter on and once with it off, in one invocation. On each server, each round:
+
+  A. realtime alone: single-text embeddings with `X-Priority: realtime`, open loop at a
+     light rate, a short warm-up then D measured seconds;
+  B. the same realtime load while the LLM runs 32 batch-class generations (closed loop)
+     and the reranker a batch-class flood (closed loop, Retry-After honoured); the flood
+     gets a few seconds to saturate first. What the flood completes inside the measured
+     window is its throughput: reranked documents/s and generated tokens/s.
+
+Then, arbiter on, the priority swap: the embedder and the reranker both flooded at the batch
+class, with `device_turns.priority` 10 / 0 and then 0 / 10 (a server each): the share of the
+device each model held (from /v1/stats) follows the priority, and the lower one keeps at
+least its `min_share`.
+
+    .venv/bin/python -m bench.device_share                       # 3 rounds of 20 s each
+    .venv/bin/python -m bench.device_share --rounds 1 --duration 10 --no-swap   # quick
+
+Goals (issue 28): realtime p99 under the flood <= 1.5x its idle p99 with the arbiter on;
+flood throughput on >= 0.9x off; the swap swaps the order; the low model >= min_share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.loadgen import embedding_bodies
+from bench.open_loop import run_open_loop
+from bench.server import load_config, running_server
+from bench.texts import sentences
+
+EMBEDDER = "all-MiniLM-L6-v2"
+RERANKER = "minilm-rerank"
+LLM = "tiny-llama-demo"
+GENERATIONS = 32
+GENERATION_TOKENS = 64
+RERANK_CONNECTIONS = 4
+RERANK_DOCS = 32
+EMBED_FLOOD_CONNECTIONS = 4
+EMBED_FLOOD_TEXTS = 32
+SATURATE_S = 5.0
+WARMUP_S = 2.0
+SETTLE_S = 5.0
+
+
+@dataclass
+class Round:
+    alone_p50_ms: float
+    alone_p99_ms: float
+    flooded_p50_ms: float
+    flooded_p99_ms: float
+    realtime_failed: int
+    rerank_docs_per_s: float
+    llm_tokens_per_s: float
+    flood_refused: int
+
+    @property
+    def p99_ratio(self) -> float:
+        return self.flooded_p99_ms / self.alone_p99_ms
+
+
+@dataclass
+class Setting:
+    arbiter: bool
+    rounds: list[Round] = field(default_factory=list)
+    shares: dict[str, float] = field(default_factory=dict)  # of held device time, flooded
+
+    def median(self, name: str) -> float:
+        return statistics.median(getattr(r, name) for r in self.rounds)
+
+
+@dataclass
+class Swap:
+    priorities: dict[str, int]
+    shares: dict[str, float]
+    min_share: float
+
+
+def config_with(arbiter: bool, priorities: dict[str, int] | None = None) -> dict[str, Any]:
+    config = copy.deepcopy(load_config())
+    args = config["applications"][0]["args"]
+    args["device_arbiter"] = {"enabled": arbiter}
+    for kind in ("embedding_models", "rerank_models", "generation_models"):
+        for model in args.get(kind, []):
+            if priorities and model["name"] in priorities:
+                model["device_turns"] = {"priority": priorities[model["name"]]}
+    return config
+
+
+class Flood:
+    """Closed-loop batch-class clients that count what finishes inside a window."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.window: tuple[float, float] = (float("inf"), float("inf"))
+        self.done: dict[str, float] = {}
+        self.refused = 0
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def count(self, what: str, amount: float) -> None:
+        start, end = self.window
+        if start <= time.monotonic() <= end:
+            self.done[what] = self.done.get(what, 0.0) + amount
+
+    async def _loop(self, client: httpx.AsyncClient, path: str, body: dict, what: str) -> None:
+        while not self._stop.is_set():
+            try:
+                response = await client.post(
+                    self.url + path, json=body, headers={"X-Priority": "batch"}, timeout=300
+                )
+            except httpx.HTTPError:
+                await asyncio.sleep(0.2)
+                continue
+            if response.status_code in (429, 503):
+                self.refused += 1
+                await asyncio.sleep(float(response.headers.get("Retry-After", "1")))
+                continue
+            if response.status_code != 200:
+                raise RuntimeError(f"{path}: {response.status_code} {response.text[:300]}")
+            payload = response.json()
+            if what == "tokens":
+                self.count(what, payload["usage"]["completion_tokens"])
+            else:
+                self.count(what, len(body.get("documents") or body.get("input") or []))
+
+    def start(self, client: httpx.AsyncClient, kinds: tuple[str, ...]) -> None:
+        texts = sentences(4096, seed=28)
+        if "llm" in kinds:
+            for i in range(GENERATIONS):
+                body = {
+                    "model": LLM,
+                    "messages": [{"role": "user", "content": texts[i]}],
+                    "max_tokens": GENERATION_TOKENS,
+                    "temperature": 0,
+                }
+                self._spawn(client, "/v1/chat/completions", body, "tokens")
+        if "rerank" in kinds:
+            for i in range(RERANK_CONNECTIONS):
+                docs = texts[i * RERANK_DOCS : (i + 1) * RERANK_DOCS]
+                body = {"model": RERANKER, "query": texts[-1 - i], "documents": docs}
+                self._spawn(client, "/v1/rerank", body, "docs")
+        if "embed" in kinds:
+            for i in range(EMBED_FLOOD_CONNECTIONS):
+                chunk = texts[1000 + i * EMBED_FLOOD_TEXTS : 1000 + (i + 1) * EMBED_FLOOD_TEXTS]
+                self._spawn(client, "/v1/embeddings", {"model": EMBEDDER, "input": chunk}, "texts")
+
+    def _spawn(self, client: httpx.AsyncClient, path: str, body: dict, what: str) -> None:
+        self._tasks.append(asyncio.create_task(self._loop(client, path, body, what)))
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks, return_exceptions=False)
+
+    def rate(self, what: str) -> float:
+        start, end = self.window
+        return self.done.get(what, 0.0) / (end - start)
+
+
+def held_by_model(stats: dict[str, Any]) -> dict[str, float]:
+    """Seconds each model held the device, all classes, from /v1/stats."""
+    held: dict[str, float] = {}
+    for name, entry in stats["models"].items():
+        turns = (entry.get("replica") or {}).get("device_turns") or {}
+        held[name] = sum(c["held_s"] for c in turns.get("by_class", {}).values())
+    return held
+
+
+def shares_between(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
+    total = sum(delta.values())
+    return {name: round(d / total, 4) if total else 0.0 for name, d in delta.items()}
+
+
+async def one_round(url: str, port: int, rate: float, duration_s: float) -> Round:
+    bodies = embedding_bodies(sentences(2000, seed=7), 1, EMBEDDER, 2000)
+    realtime = {"X-Priority": "realtime"}
+    alone = await run_open_loop(
+        "127.0.0.1", port, "/v1/embeddings", bodies, rate, duration_s, WARMUP_S, realtime
+    )
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=64)) as client:
+        flood = Flood(url)
+        flood.start(client, ("llm", "rerank"))
+        await asyncio.sleep(SATURATE_S)
+        began = time.monotonic()
+        flood.window = (began + WARMUP_S, began + WARMUP_S + duration_s)
+        flooded = await run_open_loop(
+            "127.0.0.1", port, "/v1/embeddings", bodies, rate, duration_s, WARMUP_S, realtime
+        )
+        await flood.stop()
+    return Round(
+        alone_p50_ms=alone.p50_ms,
+        alone_p99_ms=alone.p99_ms,
+        flooded_p50_ms=flooded.p50_ms,
+        flooded_p99_ms=flooded.p99_ms,
+        realtime_failed=alone.non_ok_total + flooded.non_ok_total,
+        rerank_docs_per_s=round(flood.rate("docs"), 1),
+        llm_tokens_per_s=round(flood.rate("tokens"), 1),
+        flood_refused=flood.refused,
+    )
+
+
+async def swap_shares(url: str, duration_s: float) -> dict[str, float]:
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=32)) as client:
+        flood = Flood(url)
+        flood.start(client, ("embed", "rerank"))
+        await asyncio.sleep(SATURATE_S)
+        before = held_by_model((await client.get(url + "/v1/stats", timeout=30)).json())
+        await asyncio.sleep(duration_s)
+        after = held_by_model((await client.get(url + "/v1/stats", timeout=30)).json())
+        await flood.stop()
+    shares = shares_between(before, after)
+    return {name: shares.get(name, 0.0) for name in (EMBEDDER, RERANKER)}
+
+
+def serve_setting(arbiter: bool, args: argparse.Namespace, workdir: Path) -> Setting:
+    setting = Setting(arbiter)
+    with running_server(config_with(arbiter), workdir) as server:
+        time.sleep(SETTLE_S)
+        for n in range(args.rounds):
+            before = held_by_model(httpx.get(server.url + "/v1/stats", timeout=30).json())
+            result = asyncio.run(one_round(server.url, server.port, args.rate, args.duration))
+            after = held_by_model(httpx.get(server.url + "/v1/stats", timeout=30).json())
+            setting.rounds.append(result)
+            if arbiter:
+                setting.shares = shares_between(before, after)
+            print(f"arbiter {'on' if arbiter else 'off'} round {n + 1}: {asdict(result)}")
+            sys.stdout.flush()
+    return setting
+
+
+def serve_swap(priorities: dict[str, int], args: argparse.Namespace, workdir: Path) -> Swap:
+    with running_server(config_with(True, priorities), workdir) as server:
+        time.sleep(SETTLE_S)
+        shares = asyncio.run(swap_shares(server.url, args.duration))
+    swap = Swap(priorities, shares, min_share=0.05)
+    print(f"swap {priorities}: shares {shares}")
+    return swap
+
+
+def render(settings: list[Setting], swaps: list[Swap], args: argparse.Namespace) -> str:
+    on, off = settings
+    lines = [
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+        f"{args.rounds} rounds of {args.duration:g} s at {args.rate:g} realtime req/s; "
+        "medians:",
+        "",
+        "| arbiter | realtime p50/p99 alone, ms | under the flood, ms | p99 ratio | "
+        "rerank docs/s | LLM tokens/s | realtime failed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in settings:
+        lines.append(
+            f"| {'on' if s.arbiter else 'off'} | {s.median('alone_p50_ms'):.1f} / "
+            f"{s.median('alone_p99_ms'):.1f} | {s.median('flooded_p50_ms'):.1f} / "
+            f"{s.median('flooded_p99_ms'):.1f} | **{s.median('p99_ratio'):.2f}x** | "
+            f"{s.median('rerank_docs_per_s'):.0f} | {s.median('llm_tokens_per_s'):.0f} | "
+            f"{sum(r.realtime_failed for r in s.rounds)} |"
+        )
+    docs = on.median("rerank_docs_per_s") / max(off.median("rerank_docs_per_s"), 1e-9)
+    tokens = on.median("llm_tokens_per_s") / max(off.median("llm_tokens_per_s"), 1e-9)
+    lines += [
+        "",
+        f"Flood throughput, on / off: rerank {docs:.2f}x, LLM {tokens:.2f}x. "
+        f"Device time held under the flood (arbiter on): {on.shares}.",
+    ]
+    if swaps:
+        lines += ["", "| priority (embedder / reranker) | embedder's share | reranker's share |"]
+        lines.append("|---|---|---|")
+        for swap in swaps:
+            p = swap.priorities
+            lines.append(
+                f"| {p[EMBEDDER]} / {p[RERANKER]} | {swap.shares[EMBEDDER]:.3f} | "
+                f"{swap.shares[RERANKER]:.3f} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--rate", type=float, default=5.0, help="realtime requests/s")
+    parser.add_argument("--no-swap", action="store_true", help="skip the priority swap")
+    parser.add_argument("--json", type=Path, help="also write every figure here")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="tributary-device-share-") as tmp:
+        work = Path(tmp)
+        settings = []
+        for arbiter in (True, False):
+            (work / str(arbiter)).mkdir()
+            settings.append(serve_setting(arbiter, args, work / str(arbiter)))
+        swaps = []
+        if not args.no_swap:
+            for n, priorities in enumerate(
+                ({EMBEDDER: 10, RERANKER: 0}, {EMBEDDER: 0, RERANKER: 10})
+            ):
+                (work / f"swap{n}").mkdir()
+                swaps.append(serve_swap(priorities, args, work / f"swap{n}"))
+    print()
+    print(render(settings, swaps, args))
+    if args.json:
+        figures = {
+            "settings": [
+                {"arbiter": s.arbiter, "rounds": [asdict(r) for r in s.rounds], "shares": s.shares}
+                for s in settings
+            ],
+            "swaps": [asdict(s) for s in swaps],
+        }
+        args.json.write_text(json.dumps(figures, indent=2))
+
+
+if __name__ == "__main__":
+    main()
