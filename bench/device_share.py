@@ -17,6 +17,7 @@ least its `min_share`.
 
     .venv/bin/python -m bench.device_share                       # 3 rounds of 20 s each
     .venv/bin/python -m bench.device_share --rounds 1 --duration 10 --no-swap   # quick
+    python -m bench.device_share --config serve_config.gpu.yaml --one-card     # one GPU
 
 Goals (issue 28): realtime p99 under the flood <= 1.5x its idle p99 with the arbiter on;
 flood throughput on >= 0.9x off; the swap swaps the order; the low model >= min_share.
@@ -92,14 +93,27 @@ class Swap:
     min_share: float
 
 
+# On a GPU, the three models on one card under fractional claims, one replica each.
+ONE_CARD_GPUS = {"embedding_models": 0.25, "rerank_models": 0.25, "generation_models": 0.5}
+BASE_CONFIG: dict[str, Any] = {}
+ONE_CARD = False
+
+
 def config_with(arbiter: bool, priorities: dict[str, int] | None = None) -> dict[str, Any]:
-    config = copy.deepcopy(load_config())
+    config = copy.deepcopy(BASE_CONFIG or load_config())
     args = config["applications"][0]["args"]
     args["device_arbiter"] = {"enabled": arbiter}
     for kind in ("embedding_models", "rerank_models", "generation_models"):
         for model in args.get(kind, []):
             if priorities and model["name"] in priorities:
                 model["device_turns"] = {"priority": priorities[model["name"]]}
+            if ONE_CARD:
+                deployment = model.setdefault("deployment", {})
+                deployment.pop("autoscaling_config", None)
+                deployment["num_replicas"] = 1
+                deployment["ray_actor_options"] = {"num_cpus": 1, "num_gpus": ONE_CARD_GPUS[kind]}
+    if ONE_CARD:
+        args["ingress"]["deployment"]["num_replicas"] = 1
     return config
 
 
@@ -231,7 +245,7 @@ async def swap_shares(url: str, duration_s: float) -> dict[str, float]:
 
 def serve_setting(arbiter: bool, args: argparse.Namespace, workdir: Path) -> Setting:
     setting = Setting(arbiter)
-    with running_server(config_with(arbiter), workdir) as server:
+    with running_server(config_with(arbiter), workdir, mode=args.mode) as server:
         time.sleep(SETTLE_S)
         for n in range(args.rounds):
             before = held_by_model(httpx.get(server.url + "/v1/stats", timeout=30).json())
@@ -246,7 +260,7 @@ def serve_setting(arbiter: bool, args: argparse.Namespace, workdir: Path) -> Set
 
 
 def serve_swap(priorities: dict[str, int], args: argparse.Namespace, workdir: Path) -> Swap:
-    with running_server(config_with(True, priorities), workdir) as server:
+    with running_server(config_with(True, priorities), workdir, mode=args.mode) as server:
         time.sleep(SETTLE_S)
         shares = asyncio.run(swap_shares(server.url, args.duration))
     swap = Swap(priorities, shares, min_share=0.05)
@@ -299,7 +313,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=5.0, help="realtime requests/s")
     parser.add_argument("--no-swap", action="store_true", help="skip the priority swap")
     parser.add_argument("--json", type=Path, help="also write every figure here")
+    parser.add_argument("--config", type=Path, help="serve this config (default serve_config.yaml)")
+    parser.add_argument("--mode", help="the launcher's serving mode (default: its default)")
+    parser.add_argument(
+        "--one-card",
+        action="store_true",
+        help="every model on one GPU: num_gpus 0.25 / 0.25 / 0.5, one replica each",
+    )
     args = parser.parse_args(argv)
+    global ONE_CARD
+    ONE_CARD = args.one_card
+    if args.config:
+        BASE_CONFIG.update(load_config(args.config))
     with tempfile.TemporaryDirectory(prefix="tributary-device-share-") as tmp:
         work = Path(tmp)
         settings = []
