@@ -10,12 +10,14 @@ processes only time-slice the card, so one runs at a time.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import os
 import tempfile
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -32,41 +34,100 @@ logger = logging.getLogger("ray.serve")
 SHARE_EVERY_S = 1.0
 
 
+# How long a turn kept for a replica's next pass waits to be taken up: the next batch of
+# the replica's own gate starts on the next turns of its event loop (or the engine's next
+# step on its thread); past this, waiters take the device back.
+KEPT_LEASE_S = 0.05
+
+# The next pass a replica has ready when one ends: its class and when it falls due.
+NextPass = Callable[[], tuple[Priority, float] | None]
+
+
 class ReplicaTurns:
     def __init__(self, turns: DeviceTurns, metrics: TributaryMetrics) -> None:
         self.turns = turns
         self._model = turns.model
         self._metrics = metrics
+        # A turn kept at the end of a pass for the replica's next one, not yet taken up.
+        self._kept: Turn | None = None
+        self._kept_lock = threading.Lock()
         self._step: Turn | None = None  # the engine step's turn, on the engine's thread
         self._share_at = 0.0
 
     @asynccontextmanager
-    async def turn(self, priority: Priority, urgent_at: float = math.inf) -> AsyncIterator[None]:
-        """Holds the device for one forward pass of the class; waits on the loop."""
-        turn = await self.turns.acquire(int(priority), urgent_at)
+    async def turn(
+        self, priority: Priority, urgent_at: float = math.inf, next_pass: NextPass | None = None
+    ) -> AsyncIterator[None]:
+        """Holds the device for one forward pass of the class; waits on the loop. With
+        `next_pass`, a replica whose next pass is ready when this one ends keeps the
+        device for it where that pass ranks first."""
+        turn = self._take_kept(priority)
+        if turn is None:
+            turn = await self.turns.acquire(int(priority), urgent_at)
         try:
             yield
         finally:
-            self._give_back(turn)
+            following = None if next_pass is None else next_pass()
+            if following is None or not self._keep(turn, *following):
+                self._give_back(turn)
+            else:
+                asyncio.get_running_loop().call_later(KEPT_LEASE_S, self._drop_kept, turn)
 
     def before_step(self, priority: Priority) -> None:
         """On the engine's thread, before a step: waits there for the turn."""
         if self._step is not None:  # the last step failed before after_step
             self._give_back(self._step)
-        self._step = self.turns.acquire_blocking(int(priority))
+        self._step = self._take_kept(priority) or self.turns.acquire_blocking(int(priority))
 
-    def after_step(self) -> None:
-        if self._step is not None:
-            turn, self._step = self._step, None
+    def after_step(self, following: Priority | None = None) -> None:
+        """After the step's forward pass; `following`: the class of the next step, where
+        sequences remain to step."""
+        if self._step is None:
+            return
+        turn, self._step = self._step, None
+        if following is None or not self._keep(turn, following, math.inf):
             self._give_back(turn)
 
+    def drop_kept(self) -> None:
+        """No next pass will come (the engine ran out of sequences): the kept turn goes."""
+        with self._kept_lock:
+            turn, self._kept = self._kept, None
+        if turn is not None:
+            self._give_back(turn)
+
+    def _keep(self, turn: Turn, priority: Priority, urgent_at: float) -> bool:
+        held_from, label, waited = turn.granted_at, Priority(turn.klass).label, turn.waited_s
+        kept = self.turns.keep(turn, int(priority), urgent_at, KEPT_LEASE_S)
+        self._record(label, waited, held_from)
+        if kept:
+            with self._kept_lock:
+                self._kept = turn
+        return kept
+
+    def _take_kept(self, priority: Priority) -> Turn | None:
+        with self._kept_lock:
+            turn, self._kept = self._kept, None
+        if turn is not None:
+            self.turns.take_up(turn, int(priority))
+        return turn
+
+    def _drop_kept(self, turn: Turn) -> None:
+        with self._kept_lock:
+            if self._kept is not turn:
+                return  # taken up
+            self._kept = None
+        self._give_back(turn)
+
     def _give_back(self, turn: Turn) -> None:
-        held_from = time.monotonic()
+        held_from = turn.granted_at
         self.turns.release(turn)
-        label = Priority(turn.klass).label
-        self._metrics.device_turn(self._model, label, turn.waited_s, held_from - turn.granted_at)
-        if held_from - self._share_at >= SHARE_EVERY_S:
-            self._share_at = held_from
+        self._record(Priority(turn.klass).label, turn.waited_s, held_from)
+
+    def _record(self, label: str, waited_s: float, held_from: float) -> None:
+        now = time.monotonic()
+        self._metrics.device_turn(self._model, label, waited_s, now - held_from)
+        if now - self._share_at >= SHARE_EVERY_S:
+            self._share_at = now
             self._metrics.device_share(self._model, self.turns.my_share())
 
     def report(self) -> dict[str, Any]:
@@ -78,6 +139,7 @@ class ReplicaTurns:
         return report
 
     def close(self) -> None:
+        self.drop_kept()
         self.turns.close()
 
 

@@ -375,3 +375,48 @@ def test_a_killed_holder_frees_the_device_within_the_recheck(tmp_path: Path) -> 
         waiter.release(turn)
     finally:
         proc.kill()
+
+
+def test_a_replica_keeps_the_device_for_its_next_pass_only_when_that_ranks_first(
+    tmp_path: Path, clock: Clock
+) -> None:
+    favoured, other, live = three(tmp_path, clock, s0=TurnSettings(priority=10))
+    turn, _ = favoured.try_acquire(BATCH)
+    waiting, _ = other.try_acquire(BATCH)
+    clock.now += 0.01
+    # Its next batch outranks the waiting one (higher model priority): kept.
+    assert favoured.keep(turn, BATCH, math.inf, lease_s=0.05)
+    favoured.take_up(turn, BATCH)
+    assert not other._granted_yet(waiting)
+    # A realtime pass now waits: the next batch-class pass does not keep the device.
+    urgent, _ = live.try_acquire(REALTIME)
+    clock.now += 0.01
+    assert not favoured.keep(turn, BATCH, math.inf, lease_s=0.05)
+    assert live._granted_yet(urgent)
+    assert favoured.counts.of(BATCH).turns == 2
+
+
+def test_equals_take_turns_first_come_and_a_far_deadline_is_no_urgency(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """Same class and priority: the one already waiting goes next, even if the holder's
+    next batch has a deadline minutes away (the clock counts only when it is near)."""
+    holder, waiter, _ = three(tmp_path, clock)
+    turn, _ = holder.try_acquire(BATCH)
+    waiting, _ = waiter.try_acquire(BATCH)
+    clock.now += 0.01
+    assert not holder.keep(turn, BATCH, clock.now + 600, lease_s=0.05)
+    assert waiter._granted_yet(waiting)
+
+
+def test_a_kept_turn_not_taken_up_within_its_lease_is_taken_back(
+    tmp_path: Path, clock: Clock
+) -> None:
+    favoured, other, _ = three(tmp_path, clock, s0=TurnSettings(priority=10))
+    turn, _ = favoured.try_acquire(BATCH)
+    waiting, _ = other.try_acquire(BATCH)
+    assert favoured.keep(turn, BATCH, math.inf, lease_s=0.05)
+    clock.now += 0.03
+    assert not other._granted_yet(waiting)
+    clock.now += 0.05  # the favoured replica's next pass never came
+    assert other._granted_yet(waiting)

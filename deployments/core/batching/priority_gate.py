@@ -71,6 +71,11 @@ class PriorityGate:
             aged_turns=self._aged_turns,
         )
 
+    def next_waiting(self) -> Priority | None:
+        """The class of the batch that would be granted the next free slot, if any waits."""
+        turn, _ = next_in_line(self._queues, self._aged_after_s, self._clock())
+        return None if turn is None or turn.granted.done() else turn.priority
+
     @asynccontextmanager
     async def turn(self, priority: Priority) -> AsyncIterator[None]:
         await self.acquire(priority)

@@ -5,10 +5,17 @@ model's `priority` (higher first), then the clock (the earliest time a batch's d
 latency target falls due), then whoever has waited longest. Ageing by share: a waiting
 model whose recent share of the device is below its `min_share` goes before all of that,
 so a model of low priority or a low class slows down under load but never starves.
+
+The clock counts only within `URGENT_WITHIN_S`: a deadline minutes away says nothing about
+which pass should run now, and ranking by it would let any batch with a default deadline
+pass, for ever, one without (an LLM step) or one whose requests came earlier and so fall due
+earlier (the long-lived sequences of an LLM against a stream of short reranks). Beyond it,
+first come, first served.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -23,6 +30,14 @@ class Waiter:
     since: float  # when it began to wait
     min_share: float
     weight: int  # capacity units its pass holds
+
+
+URGENT_WITHIN_S = 1.0
+
+
+def urgency(urgent_at: float, now: float) -> float:
+    """The time a pass falls due, where that is soon enough to order by; else inf."""
+    return urgent_at if urgent_at - now <= URGENT_WITHIN_S else math.inf
 
 
 def owed(waiter: Waiter, shares: Mapping[int, float]) -> bool:

@@ -27,7 +27,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deployments.core.device_turns.order import Waiter, next_waiter
+from deployments.core.device_turns.order import Waiter, next_waiter, urgency
 from deployments.core.device_turns.table import (
     FREE,
     GRANTED_AT,
@@ -231,6 +231,78 @@ class DeviceTurns:
         self.counts.of(turn.klass).held_s += held_s
         self._give_back_slot(turn.slot)
 
+    def keep(self, turn: Turn, klass: int, urgent_at: float, lease_s: float) -> bool:
+        """At the end of a pass whose replica has its next pass ready: keeps the device for
+        that pass when it ranks before every waiting one (else gives the turn back, as
+        `release`, and returns False). Giving back and asking again would hand the device
+        to whoever waits, however less urgent, since the next pass asks only after this
+        one ends. A kept turn must be taken up (`take_up`) within `lease_s`, or waiters
+        take it back."""
+        now = self._clock()
+        held_s = max(0.0, now - turn.granted_at)
+        s = self.settings
+        with self.table.locked() as table:
+            mine = table.slot(turn.slot)
+            if mine.pid != self._pid or mine.state != HOLDING:
+                kept = False  # taken back meanwhile (held past max_hold_s)
+            else:
+                self._add_busy(table, turn.slot, mine, held_s, now)
+                me = Waiter(
+                    turn.slot,
+                    self._model_key,
+                    klass,
+                    s.priority,
+                    urgency(urgent_at, now),
+                    now,
+                    s.min_share,
+                    s.weight,
+                )
+                others = self._waiting(table, now)
+                shares = _shares(table, table.header(), now) if others else {}
+                kept = next_waiter([me, *others], shares) is me
+                if kept:
+                    mine = table.slot(turn.slot)
+                    mine.klass, mine.urgent_at, mine.since = klass, urgent_at, now
+                    mine.granted_at, mine.max_hold_s = now, lease_s
+                    table.write(turn.slot, mine)
+                    granted: list[int] = []
+                else:
+                    table.set_state(turn.slot, IDLE)
+                    granted = self._fill(table, now, reap=False)
+        self.counts.of(turn.klass).held_s += held_s
+        if not kept:
+            self._wake(granted)
+            self._give_back_slot(turn.slot)
+            return False
+        turn.klass, turn.asked_at, turn.granted_at = klass, now, now
+        return True
+
+    def take_up(self, turn: Turn, klass: int) -> None:
+        """A kept turn starts its pass: counted, and held under the usual max_hold_s."""
+        with self.table.locked() as table:
+            mine = table.slot(turn.slot)
+            if mine.pid == self._pid and mine.state == HOLDING:
+                mine.klass, mine.max_hold_s = klass, self.settings.max_hold_s
+                table.write(turn.slot, mine)
+        turn.klass = klass
+        self._note_granted(turn)
+
+    def _waiting(self, table: TurnTable, now: float) -> list[Waiter]:
+        return [
+            Waiter(
+                index,
+                int(row[MODEL_KEY]),
+                int(row[KLASS]),
+                int(row[PRIORITY]),
+                urgency(row[URGENT_AT], now),
+                row[SINCE],
+                row[MIN_SHARE],
+                int(row[WEIGHT]),
+            )
+            for index, row in enumerate(table.rows(table.header().high_water))
+            if row[STATE] == WAITING
+        ]
+
     def withdraw(self, turn: Turn) -> None:
         """A turn asked for and no longer wanted (its caller was cancelled): passed on if
         it was granted meanwhile."""
@@ -326,7 +398,7 @@ class DeviceTurns:
                         int(row[MODEL_KEY]),
                         int(row[KLASS]),
                         int(row[PRIORITY]),
-                        row[URGENT_AT],
+                        urgency(row[URGENT_AT], now),
                         row[SINCE],
                         row[MIN_SHARE],
                         int(row[WEIGHT]),

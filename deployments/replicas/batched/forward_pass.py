@@ -66,8 +66,14 @@ class ForwardPasses:
                 return await self._run_live(priority, items)
             # Then the device's turn, shared with other models' replicas: the most
             # urgent pass on the device goes first (replicas/device_turns.py).
-            async with self.turns.turn(priority, self._urgent_at(priority, items)):
+            async with self.turns.turn(priority, self._urgent_at(priority, items), self._next_pass):
                 return await self._run_live(priority, items)
+
+    def _next_pass(self) -> tuple[Priority, float] | None:
+        """This replica's next batch, ready at the gate as a pass ends: the device may be
+        kept for it (replicas/device_turns.py)."""
+        waiting = self.gate.next_waiting()
+        return None if waiting is None else (waiting, math.inf)
 
     def _urgent_at(self, priority: Priority, items: list[BatchItem]) -> float:
         """When the batch's earliest deadline or latency target falls due."""

@@ -82,6 +82,8 @@ class GenerationWorker:
         self.metrics = metrics or TributaryMetrics()
         # Sequences in the engine per class: the most urgent names the engine's step.
         self._running = dict.fromkeys(Priority, 0)
+        # Called when the last sequence leaves the engine: no step follows.
+        self.on_idle: Callable[[], None] | None = None
         self.counts = {
             "requests": 0,
             "completed": 0,
@@ -152,8 +154,15 @@ class GenerationWorker:
                     yield event
         finally:
             self._running[priority] -= 1
+            if self.on_idle is not None and not self.running:
+                self.on_idle()
             self.slots.release(slot)
             self._report_sequences()
+
+    @property
+    def running(self) -> int:
+        """Sequences in the engine now."""
+        return sum(self._running.values())
 
     def step_class(self) -> Priority:
         """The class an engine step runs at: its most urgent sequence's (read on the

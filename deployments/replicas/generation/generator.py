@@ -106,6 +106,7 @@ class Generator:
         self.turns = open_turns(config, device, threads, 1, self.worker.metrics)
         if self.turns is not None and isinstance(self.engine, ContinuousEngine):
             self.engine.step_hooks = _StepTurns(self.turns, self.worker)
+            self.worker.on_idle = self.turns.drop_kept
         logger.info(
             "generation model %s (%s engine) ready on %s from %s, %d torch threads; %d KV "
             "tokens, %d sequences (%s)",
@@ -221,4 +222,6 @@ class _StepTurns:
         self._turns.before_step(self._worker.step_class())
 
     def after_step(self) -> None:
-        self._turns.after_step()
+        # Sequences left: the engine steps again at once, and may keep the device for it.
+        following = self._worker.step_class() if self._worker.running else None
+        self._turns.after_step(following)
