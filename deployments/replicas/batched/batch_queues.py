@@ -40,7 +40,8 @@ class BatchQueues:
         passes: int,
         metrics: TributaryMetrics,
     ) -> None:
-        """`name` labels the metrics; `passes`: batches of one class that may run at once."""
+        """`name` labels the metrics; `passes`: batches of one class that may be formed and
+        not yet done at once (running, or waiting at the gate for a pass)."""
         self._name = name
         self._metrics = metrics
         self.tuner = BatchTuner([p.label for p in ALL_PRIORITIES])

@@ -71,7 +71,10 @@ class Batcher(Generic[JobT, OutcomeT]):
             config.name,
             config.batching,
             lambda priority, items: self.passes.run(priority, items),
-            threads.passes,
+            # With device turns, one batch per class more is formed and waits at the gate
+            # while the passes run: it is there when a pass ends, so the device can be kept
+            # for it where it ranks first (replicas/device_turns.py).
+            threads.passes + (1 if config.device_arbiter.enabled else 0),
             self.metrics,
         )
         self.passes = ForwardPasses(
