@@ -25,7 +25,8 @@ class DeviceArbiterConfig(StrictModel):
         "auto",
         description="Passes that may run at once on one device. auto: on a CPU, as many as "
         "its cores hold, each pass weighing its model's torch threads (one at a time when "
-        "every model uses every core); on a GPU, one.",
+        "every model uses every core); on a GPU, 4 (one at a time left an H200 idle between "
+        "small models' passes; set 1 for models whose passes fill the card).",
     )
     max_hold_s: float = Field(
         30.0,

@@ -4,8 +4,10 @@ around each forward pass, recorded in the metrics (core/device_turns has the mec
 
 On a CPU the device's capacity is its cores and a pass weighs its torch threads, so on a
 small machine where every model uses every core one pass runs at a time, and on a large
-one passes of models with few threads each run side by side. On a GPU passes of separate
-processes only time-slice the card, so one runs at a time.
+one passes of models with few threads each run side by side. On a GPU `GPU_PASSES_AT_ONCE`
+run side by side: measured on an H200 with the three default models on one card, one at a
+time left the card idle while each pass's host-side work ran (the reranker fell to 0.12x
+of its throughput, realtime p99 rose from 94 to 164 ms; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ from deployments.core.metrics.metrics import TributaryMetrics
 from deployments.core.priority import Priority
 
 logger = logging.getLogger("ray.serve")
+
+# Passes side by side on one GPU under `passes_at_once: auto`: small models' passes leave
+# most of a card idle, so several run at once and turns order only what is beyond them.
+GPU_PASSES_AT_ONCE = 4
 
 # How often the share gauge is refreshed: reading every slot's share is cheap, not free.
 SHARE_EVERY_S = 1.0
@@ -158,7 +164,7 @@ def open_turns(
         return None
     gpu = device.startswith("cuda")
     if arbiter.passes_at_once == "auto":
-        capacity = 1 if gpu else os.cpu_count() or 1
+        capacity = GPU_PASSES_AT_ONCE if gpu else os.cpu_count() or 1
         weight = 1 if gpu else max(1, min(torch_threads, capacity))
     else:
         capacity, weight = arbiter.passes_at_once, 1

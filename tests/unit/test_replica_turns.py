@@ -93,3 +93,13 @@ def test_a_turn_around_a_pass_is_counted_per_class() -> None:
     by_class = turns.report()["by_class"]
     assert by_class["realtime"]["turns"] == 1 and by_class["batch"]["turns"] == 1
     turns.close()
+
+
+def test_on_a_gpu_auto_lets_several_passes_share_the_card(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device_turns, "_device_key", lambda device: "gpu0")
+    turns = open_turns(config(), "cuda", 4, 1, TributaryMetrics())
+    assert turns is not None
+    report = turns.report()
+    assert (report["capacity"], report["weight"]) == (device_turns.GPU_PASSES_AT_ONCE, 1)
+    assert str(report["table"]).endswith("-gpu0.turns")
+    turns.close()
