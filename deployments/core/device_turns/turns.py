@@ -289,16 +289,7 @@ class DeviceTurns:
 
     def _waiting(self, table: TurnTable, now: float) -> list[Waiter]:
         return [
-            Waiter(
-                index,
-                int(row[MODEL_KEY]),
-                int(row[KLASS]),
-                int(row[PRIORITY]),
-                urgency(row[URGENT_AT], now),
-                row[SINCE],
-                row[MIN_SHARE],
-                int(row[WEIGHT]),
-            )
+            _waiter(index, row, now)
             for index, row in enumerate(table.rows(table.header().high_water))
             if row[STATE] == WAITING
         ]
@@ -392,18 +383,7 @@ class DeviceTurns:
                     continue
                 held += int(row[WEIGHT])
             elif state == WAITING:
-                waiters.append(
-                    Waiter(
-                        index,
-                        int(row[MODEL_KEY]),
-                        int(row[KLASS]),
-                        int(row[PRIORITY]),
-                        urgency(row[URGENT_AT], now),
-                        row[SINCE],
-                        row[MIN_SHARE],
-                        int(row[WEIGHT]),
-                    )
-                )
+                waiters.append(_waiter(index, row, now))
         granted: list[int] = []
         shares: dict[int, float] | None = None
         while waiters:
@@ -474,6 +454,20 @@ class DeviceTurns:
     def _give_back_slot(self, index: int) -> None:
         with self._idle_lock:
             self._idle.append(index)
+
+
+def _waiter(index: int, row: tuple[int | float, ...], now: float) -> Waiter:
+    """A waiting slot's row as the order reads it."""
+    return Waiter(
+        index,
+        int(row[MODEL_KEY]),
+        int(row[KLASS]),
+        int(row[PRIORITY]),
+        urgency(row[URGENT_AT], now),
+        row[SINCE],
+        row[MIN_SHARE],
+        int(row[WEIGHT]),
+    )
 
 
 def _shares(table: TurnTable, header: Header, now: float) -> dict[int, float]:
