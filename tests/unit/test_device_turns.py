@@ -420,3 +420,14 @@ def test_a_kept_turn_not_taken_up_within_its_lease_is_taken_back(
     assert not other._granted_yet(waiting)
     clock.now += 0.05  # the favoured replica's next pass never came
     assert other._granted_yet(waiting)
+
+
+def test_a_turn_taken_back_before_its_pass_ended_is_not_kept(tmp_path: Path, clock: Clock) -> None:
+    slow, other, _ = three(tmp_path, clock, s0=TurnSettings(priority=10, max_hold_s=1.0))
+    turn, _ = slow.try_acquire(BATCH)
+    waiting, _ = other.try_acquire(BATCH)
+    clock.now += 2.0
+    assert other._granted_yet(waiting)  # the slow pass held past max_hold_s
+    assert not slow.keep(turn, BATCH, math.inf, lease_s=0.05)
+    with other.table.locked() as table:
+        assert table.slot(waiting.slot).state == HOLDING

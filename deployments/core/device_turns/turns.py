@@ -241,12 +241,13 @@ class DeviceTurns:
         now = self._clock()
         held_s = max(0.0, now - turn.granted_at)
         s = self.settings
+        granted: list[int] = []
         with self.table.locked() as table:
             mine = table.slot(turn.slot)
+            self._add_busy(table, turn.slot, mine, held_s, now)
             if mine.pid != self._pid or mine.state != HOLDING:
-                kept = False  # taken back meanwhile (held past max_hold_s)
+                kept = False  # taken back meanwhile (held past max_hold_s): as `release`
             else:
-                self._add_busy(table, turn.slot, mine, held_s, now)
                 me = Waiter(
                     turn.slot,
                     self._model_key,
@@ -265,7 +266,6 @@ class DeviceTurns:
                     mine.klass, mine.urgent_at, mine.since = klass, urgent_at, now
                     mine.granted_at, mine.max_hold_s = now, lease_s
                     table.write(turn.slot, mine)
-                    granted: list[int] = []
                 else:
                     table.set_state(turn.slot, IDLE)
                     granted = self._fill(table, now, reap=False)
