@@ -75,12 +75,12 @@ class AdmissionConfig(StrictModel):
         "maxconn (TRIBUTARY_INGRESS_MAXCONN, 1024), so nothing waits unseen in front.",
     )
     predict_wait: bool = Field(
-        False,
-        description="Admit by predicted wait: the work ahead of a request over the model's "
-        "measured service rate, corrected by measured waits, against its class's target "
-        "or deadline. False = the item bounds alone (they are ceilings either way). Off "
-        "by default until it counts tokens: it counts inputs, and a burst of long inputs "
-        "on an idle model can be refused (docs/operations.md).",
+        True,
+        description="Admit by predicted wait: the work ahead of a request (in tokens, "
+        "estimated from its text) over the model's measured service rate, corrected by "
+        "measured waits, against its class's target or deadline; a request that finds "
+        "nothing ahead is always admitted. False = the item bounds alone (they are "
+        "ceilings either way).",
     )
     max_timeout_s: float = Field(
         3600, gt=0, description="Largest X-Request-Timeout accepted (400 above it)."

@@ -3,6 +3,8 @@ passes, ceilings hold until there is a fit; and the tuner applies it."""
 
 from __future__ import annotations
 
+import pytest
+
 from deployments.core.batching.batch_policy import (
     GROW_BELOW,
     TARGET_SHARE,
@@ -202,3 +204,14 @@ def test_the_tuner_ignores_latencies_until_the_cost_model_has_a_fit() -> None:
         tuner.ran("realtime", rows, rows * 16, COST.predict_s(rows, rows * 16))
     tuner.waited("realtime", [(0.0, 0.5)])
     assert tuner.report()["targets"]["realtime"]["recent_p99_ms"] == 500.0
+
+
+def test_the_tuner_reports_its_capacity_in_full_passes() -> None:
+    tuner = BatchTuner(list(LIMITS))
+    tuner.configure(LIMITS, adaptive=True)
+    assert tuner.full_pass_rows_per_s() is None  # no fit yet
+    for rows in range(1, 33):
+        tuner.ran("batch", rows, rows * 16, COST.predict_s(rows, rows * 16))
+    # the largest class's pass: 64 rows of 16 tokens, 5 + 102.4 ms
+    assert tuner.full_pass_rows_per_s() == pytest.approx(64 / 0.1074)
+    assert tuner.full_pass_rows_per_s(passes=2) == pytest.approx(2 * 64 / 0.1074)

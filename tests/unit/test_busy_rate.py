@@ -17,7 +17,7 @@ def make(**options: float) -> tuple[BusyRate, Clock]:
 
 
 def test_no_rate_until_a_window_of_busy_time_closed_with_enough_items() -> None:
-    rate, clock = make(window_s=1.0, min_items=16)
+    rate, clock = make(window_s=1.0, min_work=16)
     calls(rate, clock, 7, 2, 0.125)
     assert rate.per_s() is None
     calls(rate, clock, 1, 2, 0.125)
@@ -25,13 +25,13 @@ def test_no_rate_until_a_window_of_busy_time_closed_with_enough_items() -> None:
 
 
 def test_a_window_with_too_few_items_is_not_a_rate() -> None:
-    rate, clock = make(window_s=1.0, min_items=10)
+    rate, clock = make(window_s=1.0, min_work=10)
     calls(rate, clock, 1, 1, 1.0)  # one item in a second: a failing or idle model
     assert rate.per_s() is None
 
 
 def test_idle_time_between_calls_is_not_service_time() -> None:
-    rate, clock = make(window_s=0.5, min_items=1)
+    rate, clock = make(window_s=0.5, min_work=1)
     for _ in range(5):
         calls(rate, clock, 1, 10, 0.1)
         clock.now += 10  # a quiet server: one call every 10 s
@@ -39,7 +39,7 @@ def test_idle_time_between_calls_is_not_service_time() -> None:
 
 
 def test_overlapping_calls_count_their_union_once() -> None:
-    rate, clock = make(window_s=0.4, min_items=1)
+    rate, clock = make(window_s=0.4, min_work=1)
     rate.started()
     clock.now += 0.1
     rate.started()  # a second call while the first is out
@@ -51,7 +51,7 @@ def test_overlapping_calls_count_their_union_once() -> None:
 
 
 def test_the_best_recent_window_is_the_rate_until_it_ages_out() -> None:
-    rate, clock = make(window_s=1.0, horizon=3, min_items=1)
+    rate, clock = make(window_s=1.0, horizon=3, min_work=1)
     calls(rate, clock, 8, 25, 0.125)  # full batches: 200 items/s
     calls(rate, clock, 16, 5, 0.125)  # small ones: 40 items/s, two windows
     assert rate.per_s() == pytest.approx(200)  # not what a short queue lets it show
@@ -60,13 +60,13 @@ def test_the_best_recent_window_is_the_rate_until_it_ages_out() -> None:
 
 
 def test_failed_calls_count_busy_time_without_items() -> None:
-    rate, clock = make(window_s=0.2, min_items=1)
+    rate, clock = make(window_s=0.2, min_work=1)
     calls(rate, clock, 1, 10, 0.1)
     calls(rate, clock, 1, 0, 0.1)
     assert rate.per_s() == pytest.approx(10 / 0.2)
 
 
 def test_an_unmatched_end_is_ignored() -> None:
-    rate, _ = make(min_items=1)
+    rate, _ = make(min_work=1)
     rate.ended(10)
     assert rate.per_s() is None

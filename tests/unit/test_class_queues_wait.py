@@ -44,7 +44,7 @@ class Model:
 
 
 def warm_predictor(clock: Clock) -> WaitPredictor:
-    predictor = WaitPredictor(BusyRate(window_s=0.5, min_items=10, clock=clock))
+    predictor = WaitPredictor(BusyRate(window_s=0.5, min_work=10, clock=clock))
     for _ in range(20):
         predictor.rate.started()
         clock.now += 10 / RATE
@@ -173,6 +173,35 @@ async def test_stats_show_the_prediction() -> None:
     queues, _, _ = make()
     predicted = queues.stats()["predicted_wait"]
     assert predicted["enabled"] is True
-    assert predicted["items_per_busy_s"] == pytest.approx(RATE)
+    assert predicted["work_per_busy_s"] == pytest.approx(RATE)
     assert predicted["call_floor_ms"] == 50.0
     assert predicted["fit"] == {"realtime": None, "normal": None, "batch": None}
+
+
+async def test_the_prediction_weighs_work_and_the_bounds_count_inputs() -> None:
+    """With `work_of`, a long input is many units of work ahead of the next request,
+    while the fixed bounds still count it as one input."""
+    clock = Clock(100.0)
+    model = Model(clock)
+    queues: ClassQueues[list[str], str] = ClassQueues(
+        lambda p: model.send,
+        settings(),
+        size_of=len,
+        work_of=lambda job: sum(len(text) for text in job),
+        max_group_items=10_000,
+        predictor=warm_predictor(clock),
+        clock=clock,
+    )
+    model.gate.clear()
+    long = asyncio.create_task(queues.submit(NORMAL, ["x" * 80], None))
+    await settle()
+    assert queues.work_ahead(NORMAL) == 80 and queues.queued_items()[NORMAL] <= 1
+    # 0.05 + (80 + 19) / 200 = 0.545 s: over normal's 500 ms, though one input is ahead
+    refused = asyncio.create_task(queues.submit(NORMAL, ["y" * 19], None))
+    await settle()
+    assert isinstance(refused.exception(), Refused)
+    ok = asyncio.create_task(queues.submit(NORMAL, ["z" * 10], None))  # 0.5 s: fits
+    await settle()
+    assert not ok.done()
+    await drain(model, [long, ok])
+    assert queues.work_ahead(NORMAL) == 0

@@ -21,7 +21,7 @@ RT, NORMAL, BATCH = Priority.REALTIME, Priority.NORMAL, Priority.BATCH
 def measured(items_per_s: float, floor_s: float) -> WaitPredictor:
     """A predictor that has seen calls of 10 items at `items_per_s`, the fastest `floor_s`."""
     clock = Clock()
-    predictor = WaitPredictor(BusyRate(window_s=0.5, min_items=10, clock=clock))
+    predictor = WaitPredictor(BusyRate(window_s=0.5, min_work=10, clock=clock))
     for _ in range(20):
         predictor.rate.started()
         clock.now += 10 / items_per_s
@@ -32,7 +32,7 @@ def measured(items_per_s: float, floor_s: float) -> WaitPredictor:
 
 
 def test_cold_start_predicts_nothing() -> None:
-    predictor = WaitPredictor(BusyRate(window_s=0.5, min_items=10, clock=Clock()))
+    predictor = WaitPredictor(BusyRate(window_s=0.5, min_work=10, clock=Clock()))
     assert predictor.predict(NORMAL, 100, 1) is None
     predictor.call_took(0.01)
     assert predictor.predict(NORMAL, 100, 1) is None  # a floor, but no rate yet
@@ -40,7 +40,7 @@ def test_cold_start_predicts_nothing() -> None:
 
 def test_before_a_fit_the_prediction_is_the_floor_plus_the_queue_term() -> None:
     predictor = measured(items_per_s=200, floor_s=0.02)
-    prediction = predictor.predict(NORMAL, ahead_items=99, size=1)
+    prediction = predictor.predict(NORMAL, ahead_work=99, work=1)
     assert prediction is not None
     assert prediction.queue_s == pytest.approx(100 / 200)
     assert prediction.seconds == pytest.approx(0.02 + 0.5)
@@ -102,23 +102,51 @@ def test_a_request_that_waited_out_its_deadline_counts_as_four_times_late() -> N
 
 
 def test_within_budget_or_with_nothing_ahead_is_admitted() -> None:
-    assert wait_refusal(NORMAL, Prediction(0.4, 0.4), budget_s=0.5, ahead_items=80) is None
+    assert wait_refusal(NORMAL, Prediction(0.4, 0.4), budget_s=0.5, ahead_work=80) is None
     # a request with nothing ahead is never refused, however big: it would never be served
-    assert wait_refusal(NORMAL, Prediction(5.0, 5.0), budget_s=0.5, ahead_items=0) is None
+    assert wait_refusal(NORMAL, Prediction(5.0, 5.0), budget_s=0.5, ahead_work=0) is None
 
 
 def test_over_budget_is_refused_with_retry_after_from_the_excess() -> None:
-    refusal = wait_refusal(NORMAL, Prediction(2.6, 2.0), budget_s=0.5, ahead_items=400)
+    refusal = wait_refusal(NORMAL, Prediction(2.6, 2.0), budget_s=0.5, ahead_work=400)
     assert refusal is not None
     assert (refusal.reason, refusal.status, refusal.retry_after_s) == ("wait", 429, 3)
     assert (refusal.queued_items, refusal.limit, refusal.predicted_ms) == (400, 500, 2600)
-    realtime = wait_refusal(RT, Prediction(0.15, 0.15), budget_s=0.1, ahead_items=3)
+    realtime = wait_refusal(RT, Prediction(0.15, 0.15), budget_s=0.1, ahead_work=3)
     assert realtime is not None and (realtime.status, realtime.retry_after_s) == (503, 1)
     # a stale rate must not send clients away for minutes
-    far = wait_refusal(BATCH, Prediction(500, 500), budget_s=30, ahead_items=10**5)
+    far = wait_refusal(BATCH, Prediction(500, 500), budget_s=30, ahead_work=10**5)
     assert far is not None and far.retry_after_s == 10
 
 
 def test_a_deadline_already_past_refuses_with_a_positive_retry_after() -> None:
-    refusal = wait_refusal(NORMAL, Prediction(0.3, 0.3), budget_s=-1.0, ahead_items=5)
+    refusal = wait_refusal(NORMAL, Prediction(0.3, 0.3), budget_s=-1.0, ahead_work=5)
     assert refusal is not None and refusal.retry_after_s == 1
+
+
+def test_the_replicas_capacity_lifts_a_rate_measured_under_light_load() -> None:
+    """A trickle measured 200 work/s; the replica says 100 inputs/s in full passes, and
+    inputs here weigh 20: the prediction divides by 2,000, the better of the two."""
+    predictor = measured(items_per_s=200, floor_s=0.02)
+    assert predictor.service_rate() == pytest.approx(200)
+    predictor.note_job(work=200, rows=10)
+    predictor.set_capacity(100.0)
+    assert predictor.service_rate() == pytest.approx(2000)
+    prediction = predictor.predict(NORMAL, ahead_work=1980, work=20)
+    assert prediction is not None and prediction.queue_s == pytest.approx(1.0)
+    report = predictor.report()
+    assert report["capacity_inputs_per_s"] == 100.0 and report["service_rate_per_s"] == 2000
+    # A capacity below what was measured changes nothing; an unknown one is dropped.
+    predictor.set_capacity(1.0)
+    assert predictor.service_rate() == pytest.approx(200)
+    predictor.set_capacity(None)
+    assert predictor.report()["capacity_inputs_per_s"] is None
+
+
+def test_a_capacity_alone_is_a_rate_before_anything_was_measured() -> None:
+    predictor = WaitPredictor(BusyRate(window_s=0.5, min_work=10, clock=Clock()))
+    predictor.note_job(work=30, rows=3)
+    predictor.set_capacity(50.0)
+    predictor.call_took(0.01)
+    prediction = predictor.predict(NORMAL, ahead_work=490, work=10)
+    assert prediction is not None and prediction.queue_s == pytest.approx(1.0)

@@ -38,7 +38,7 @@ class Refusal:
     reason: str  # "shed" (load), "queue_full" (this class's own bound), "wait" (predicted)
     status: int
     retry_after_s: int
-    queued_items: int
+    queued_items: int  # for "wait" the work ahead (tokens for the encoders)
     limit: int  # items; for "wait" the budget in ms
     predicted_ms: float | None = None  # "wait" only
 
@@ -85,13 +85,13 @@ def refusal_status(priority: Priority) -> int:
 
 
 def wait_refusal(
-    priority: Priority, prediction: Prediction, budget_s: float, ahead_items: int
+    priority: Priority, prediction: Prediction, budget_s: float, ahead_work: int
 ) -> Refusal | None:
     """None to admit a request predicted to be answered in `prediction.seconds` when it has
-    `budget_s` (its class's target or its deadline, the shorter) and `ahead_items` wait
+    `budget_s` (its class's target or its deadline, the shorter) and `ahead_work` waits
     before it; else a refusal whose Retry-After is the time the excess takes to drain."""
     # Nothing ahead: nothing to wait for but itself, and refusing would never serve it.
-    if ahead_items == 0 or prediction.seconds <= budget_s:
+    if ahead_work == 0 or prediction.seconds <= budget_s:
         return None
     excess = prediction.seconds - max(budget_s, 0.0)
     retry = int(min(RETRY_AFTER_CEILING_S, max(1, math.ceil(excess))))
@@ -99,7 +99,7 @@ def wait_refusal(
         "wait",
         refusal_status(priority),
         retry,
-        ahead_items,
+        ahead_work,
         round(budget_s * 1e3),
         predicted_ms=round(prediction.seconds * 1e3, 1),
     )

@@ -4,10 +4,11 @@ Each class has its own coalescer with its own calls in flight, so a realtime req
 never waits behind a batch-class group at the ingress; the model deployment then orders
 the classes' batches at its priority gate.
 
-Admission checks the fixed bounds, then (with `predict_wait`) the predicted wait: the
-items queued and in flight in the request's class and the classes above it, through the
-`WaitPredictor`, against the class's target or the request's deadline, the shorter. Every
-admitted request's measured latency corrects the predictor.
+Admission checks the fixed bounds (in inputs), then (with `predict_wait`) the predicted
+wait: the work (`work_of`, tokens for the encoders: `job_work.py`) admitted and not yet
+answered in the request's class and the classes above it, through the `WaitPredictor`,
+against the class's target or the request's deadline, the shorter. Every admitted
+request's measured latency corrects the predictor.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class ClassQueues(Generic[Job, Outcome]):
         *,
         size_of: Callable[[Job], int],
         max_group_items: int,
+        work_of: Callable[[Job], int] | None = None,
         on_abandon: Callable[[Job], None] | None = None,
         meter: RateMeter | None = None,
         predictor: WaitPredictor | None = None,
@@ -57,13 +59,15 @@ class ClassQueues(Generic[Job, Outcome]):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._size_of = size_of
+        self._work_of = work_of or size_of
         self._admission = Admission({p: s.limits for p, s in settings.items()})
         self._targets = {p: s.target_s for p, s in settings.items()}
         self._meter = meter or RateMeter()
         self.predictor = predictor or WaitPredictor()
         self._predict_wait = predict_wait
         self._clock = clock
-        self._in_flight_items = dict.fromkeys(ALL_PRIORITIES, 0)
+        # Work admitted and not yet answered (queued here or in a call), per class.
+        self._open_work = dict.fromkeys(ALL_PRIORITIES, 0)
         self._refused: dict[tuple[Priority, str], int] = {}
         self._coalescers: dict[Priority, Coalescer[Job, Outcome]] = {
             priority: Coalescer(
@@ -84,14 +88,10 @@ class ClassQueues(Generic[Job, Outcome]):
         coalescer = self._coalescers[priority]
         return coalescer.queued_items, coalescer.in_flight
 
-    def items_ahead(self, priority: Priority) -> int:
-        """Items queued or in a call in `priority` and the classes above it: the work the
-        replica's gate puts before a new request of `priority`."""
-        return sum(
-            self._coalescers[p].queued_items + self._in_flight_items[p]
-            for p in ALL_PRIORITIES
-            if p <= priority
-        )
+    def work_ahead(self, priority: Priority) -> int:
+        """Work admitted and not yet answered in `priority` and the classes above it: what
+        the replica's gate puts before a new request of `priority`."""
+        return sum(self._open_work[p] for p in ALL_PRIORITIES if p <= priority)
 
     def _timed(self, priority: Priority, send: Send[Job, Outcome]) -> Send[Job, Outcome]:
         """`send`, telling the predictor how long each call took and how busy the model was."""
@@ -99,18 +99,16 @@ class ClassQueues(Generic[Job, Outcome]):
         async def timed(
             jobs: list[Job], time_left: list[float | None], spent: list[float]
         ) -> list[Outcome]:
-            items = sum(self._size_of(job) for job in jobs)
-            self._in_flight_items[priority] += items
+            work = sum(self._work_of(job) for job in jobs)
             self.predictor.rate.started()
             started = self._clock()
             answered = 0
             try:
                 outcomes = await send(jobs, time_left, spent)
-                answered = items
+                answered = work
                 self.predictor.call_took(self._clock() - started)
                 return outcomes
             finally:
-                self._in_flight_items[priority] -= items
                 self.predictor.rate.ended(answered)
 
         return timed
@@ -128,13 +126,16 @@ class ClassQueues(Generic[Job, Outcome]):
         size = self._size_of(job)
         refusal = self._admission.check(priority, size, self.queued_items(), self._meter.rate())
         prediction = None
+        work = self._work_of(job)
+        self.predictor.note_job(work, size)
         if refusal is None and self._predict_wait:
-            prediction, refusal = self._predicted(priority, size, deadline, since)
+            prediction, refusal = self._predicted(priority, work, deadline, since)
         if refusal is not None:
             key = (priority, refusal.reason)
             self._refused[key] = self._refused.get(key, 0) + 1
             raise Refused(priority, refusal)
         admitted = self._clock()
+        self._open_work[priority] += work
         try:
             outcome = await self._coalescers[priority].submit(job, deadline, since)
         except DeadlineExpired:
@@ -142,16 +143,18 @@ class ClassQueues(Generic[Job, Outcome]):
             if prediction is not None:
                 self.predictor.observe(priority, prediction, self._clock() - admitted)
             raise
+        finally:
+            self._open_work[priority] -= work
         self._meter.add(size)
         if prediction is not None:
             self.predictor.observe(priority, prediction, self._clock() - admitted)
         return outcome
 
     def _predicted(
-        self, priority: Priority, size: int, deadline: float | None, since: float | None
+        self, priority: Priority, work: int, deadline: float | None, since: float | None
     ) -> tuple[Prediction | None, Refusal | None]:
-        ahead = self.items_ahead(priority)
-        prediction = self.predictor.predict(priority, ahead, size)
+        ahead = self.work_ahead(priority)
+        prediction = self.predictor.predict(priority, ahead, work)
         if prediction is None:  # cold start: the fixed bounds alone, as before
             return None, None
         budgets = []

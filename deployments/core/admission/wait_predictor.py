@@ -1,7 +1,8 @@
 """How long a request would take if admitted now, learned from what admitted requests took.
 
 The queue term of a request is the work ahead of it and its own, divided by the model's
-service rate (`busy_rate`): q = (items ahead + its items) / items per busy second. What a
+service rate (`busy_rate`): q = (work ahead + its work) / work per busy second. Work is in
+whatever unit the caller weighs jobs by: tokens for the encoders (`job_work.py`). What a
 request really takes is that and more: the hop and one pass however short the queue, a pass
 of another class it sits behind, an ingress whose CPU is taken. So each class fits, over the
 last requests it admitted, measured = base + slope x q by least squares (the slope between
@@ -13,6 +14,15 @@ measured too high stretches long queues more than short ones (the slope), while 
 ingress or a hop adds the same to every request (the base). A factor alone, tried first,
 grew to 16 on a machine whose CPU others took, and then refused every request that found
 anything at all ahead of it while the model stood idle.
+
+The service rate is the better of two measures. One is measured here (`busy_rate`): work
+answered per busy second. It shows what the model can do only once it has been saturated;
+a model that has served a trickle shows the trickle's rate, and 64 clients arriving at once
+would be refused on it. The other is the replica's own capacity (`set_capacity`: inputs a
+second in full passes, from its fitted cost model) times the work of an input as this
+ingress weighs them. The fit above takes care of a capacity the model cannot reach here (a
+neighbour on the device, an ingress short of CPU): its answers come late and its slope
+rises.
 
 Until a class has its first fit the prediction is the fastest recent call (the hop and a
 pass) plus q, and before the rate is measured there is none (cold start: the fixed bounds
@@ -85,6 +95,30 @@ class WaitPredictor:
         self.rate = rate or BusyRate()
         self._calls: deque[float] = deque(maxlen=floor_calls)
         self._fits = {p: LatencyFit() for p in ALL_PRIORITIES}
+        self._capacity_rows_per_s: float | None = None
+        self._work_per_row = 0.0  # a running mean over admitted jobs
+
+    def set_capacity(self, rows_per_s: float | None) -> None:
+        """The replica's capacity in inputs a second (None: not known)."""
+        self._capacity_rows_per_s = rows_per_s if rows_per_s and rows_per_s > 0 else None
+
+    def note_job(self, work: int, rows: int) -> None:
+        """A job of `rows` inputs weighing `work` was admitted."""
+        if rows <= 0:
+            return
+        row = work / rows
+        previous = self._work_per_row
+        self._work_per_row = row if not previous else 0.95 * previous + 0.05 * row
+
+    def service_rate(self) -> float | None:
+        """Work a second: the better of the measured rate and the replica's capacity."""
+        measured = self.rate.per_s()
+        capacity = None
+        if self._capacity_rows_per_s is not None and self._work_per_row:
+            capacity = self._capacity_rows_per_s * self._work_per_row
+        if measured is None or capacity is None:
+            return measured if capacity is None else capacity
+        return max(measured, capacity)
 
     def call_took(self, seconds: float) -> None:
         """A call to the model returned after `seconds` (sent to answered)."""
@@ -93,14 +127,14 @@ class WaitPredictor:
     def floor_s(self) -> float | None:
         return min(self._calls) if self._calls else None
 
-    def predict(self, priority: Priority, ahead_items: int, size: int) -> Prediction | None:
-        """Seconds from now to the answer of `size` items behind `ahead_items`; None until
-        the rate and the floor are measured (cold start)."""
-        rate = self.rate.per_s()
+    def predict(self, priority: Priority, ahead_work: int, work: int) -> Prediction | None:
+        """Seconds from now to the answer of `work` behind `ahead_work`; None until the rate
+        and the floor are measured (cold start)."""
+        rate = self.service_rate()
         floor = self.floor_s()
         if rate is None or floor is None:
             return None
-        queue = (ahead_items + size) / rate
+        queue = (ahead_work + work) / rate
         line = self._fits[priority].line
         seconds = floor + queue if line is None else line.predict_s(queue)
         return Prediction(seconds, queue)
@@ -114,8 +148,13 @@ class WaitPredictor:
 
     def report(self) -> dict[str, object]:
         floor = self.floor_s()
+        rate = self.service_rate()
+        capacity = self._capacity_rows_per_s
         return {
             **self.rate.report(),
+            "capacity_inputs_per_s": None if capacity is None else round(capacity, 1),
+            "work_per_input": round(self._work_per_row, 1),
+            "service_rate_per_s": None if rate is None else round(rate, 1),
             "call_floor_ms": None if floor is None else round(floor * 1e3, 1),
             "fit": {p.label: _line_report(f.line) for p, f in self._fits.items()},
         }

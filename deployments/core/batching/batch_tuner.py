@@ -122,6 +122,22 @@ class BatchTuner:
             {name: control.slot_s for name, control in self._slots.items()},
         )
 
+    def full_pass_rows_per_s(self, passes: int = 1) -> float | None:
+        """Inputs a second the replica gets through when every pass is as full as the
+        largest class allows, rows as long as the recent ones: its capacity, which the
+        ingress's admission divides queued work by (a rate measured at the ingress only
+        shows it once the model has been saturated). None before the cost model's fit."""
+        fit = self.cost.current
+        if fit is None or not self._limits or not self._tokens_per_row:
+            return None
+        row = self._tokens_per_row
+        rows = max(
+            max(1, min(one.max_batch_size, int(one.max_batch_tokens // row)))
+            for one in self._limits.values()
+        )
+        seconds = fit.predict_s(rows, int(rows * row))
+        return passes * rows / seconds if seconds > 0 else None
+
     def report(self) -> dict[str, object]:
         fit = self.cost.current
         return {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
 
@@ -25,6 +26,7 @@ from deployments.core.admission.class_queues import (
     loop_deadline,
 )
 from deployments.core.admission.coalescer import DeadlineExpired, Send
+from deployments.core.admission.job_work import work_of
 from deployments.core.metrics.metrics import TributaryMetrics
 from deployments.core.priority import ALL_PRIORITIES, Priority
 from deployments.core.protocol import BatchedHandle, BatchJob, JobCall
@@ -40,6 +42,9 @@ OutcomeT = TypeVar("OutcomeT")
 # How long a request waits for the replica to say its vectors' width (once per version);
 # past it the request goes on and its `dimensions` is checked against the result instead.
 WIDTH_TIMEOUT_S = 5.0
+# How often the replica's capacity (its cost model's full-pass rate) is asked again while
+# requests come: it moves with the runtime's warm-up and the mix of lengths, not faster.
+CAPACITY_REFRESH_S = 5.0
 
 
 class ModelClient(Generic[JobT, OutcomeT]):
@@ -51,15 +56,19 @@ class ModelClient(Generic[JobT, OutcomeT]):
         max_group_items: int,
         metrics: TributaryMetrics | None = None,
         model_targets_ms: Mapping[Priority, float | None] | None = None,
+        window_tokens: int | None = None,
     ) -> None:
         """`model_targets_ms`: the model's own latency targets per class (its batching's
-        `target_p99_ms`), which take the place of the admission's where given."""
+        `target_p99_ms`), which take the place of the admission's where given.
+        `window_tokens`: the most the model reads of one input, where the config says."""
         self.name = name
         self._metrics = metrics
         self._handle = handle
         self._notes: set[asyncio.Task[Any]] = set()
         self._width: int | None = None
         self._width_asked = False
+        self._capacity_due = 0.0
+        self._capacity_asking = False
         targets = model_targets_ms or {}
         settings = {
             p: ClassSettings(
@@ -76,6 +85,7 @@ class ModelClient(Generic[JobT, OutcomeT]):
             self._sender,
             settings,
             size_of=len,
+            work_of=work_of(window_tokens),
             max_group_items=max_group_items,
             on_abandon=self._forget,
             predict_wait=admission.predict_wait,
@@ -124,6 +134,7 @@ class ModelClient(Generic[JobT, OutcomeT]):
         that passed becomes the API's error."""
         try:
             self._report_depth(priority)
+            self._refresh_capacity()
             return await self.queues.submit(
                 priority, job, loop_deadline(timeout_s), since=request_started()
             )
@@ -145,6 +156,29 @@ class ModelClient(Generic[JobT, OutcomeT]):
 
     async def info(self) -> dict[str, Any]:
         return await self._handle.info.remote()
+
+    def _refresh_capacity(self) -> None:
+        """Asks the replica for its capacity in the background, at most every few seconds:
+        the admission's prediction divides queued work by it (`WaitPredictor`)."""
+        now = time.monotonic()
+        if self._capacity_asking or now < self._capacity_due:
+            return
+        self._capacity_due = now + CAPACITY_REFRESH_S
+        self._capacity_asking = True
+        task = asyncio.get_running_loop().create_task(self._ask_capacity())
+        self._notes.add(task)
+        task.add_done_callback(self._notes.discard)
+
+    async def _ask_capacity(self) -> None:
+        try:
+            info = await asyncio.wait_for(self.info(), WIDTH_TIMEOUT_S)
+            capacity = info.get("capacity_rows_per_s")
+            if isinstance(capacity, int | float):
+                self.queues.predictor.set_capacity(float(capacity))
+        except Exception as exc:  # the measured rate alone serves until the next ask
+            logger.debug("could not ask model %s its capacity: %r", self.name, exc)
+        finally:
+            self._capacity_asking = False
 
     async def output_width(self) -> int | None:
         """How many components the model's vectors have, as its replica reports them: asked
@@ -168,7 +202,7 @@ def overloaded(model: str, priority: Priority, refusal: Refusal) -> Overloaded:
     if refusal.reason == "wait":
         why = (
             f"Model '{model}' expects to answer {label}-class requests in "
-            f"{refusal.predicted_ms:g} ms ({refusal.queued_items} inputs ahead), over the "
+            f"{refusal.predicted_ms:g} ms (~{refusal.queued_items} tokens ahead), over the "
             f"{refusal.limit} ms left of their target or deadline"
         )
     elif refusal.reason == "held":

@@ -50,6 +50,7 @@ def attach(
         model_targets_ms=None
         if batching is None
         else {p: batching.of(p.label).target_p99_ms for p in Priority},
+        window_tokens=getattr(version.config, "window_tokens", None),
     )
 
 

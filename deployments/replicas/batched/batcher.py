@@ -199,6 +199,7 @@ class Batcher(Generic[JobT, OutcomeT]):
             **self._counters.report(),
             "gate": vars(self.passes.gate.stats),
             **self.tuner.report(),
+            "capacity_rows_per_s": _rounded(self.tuner.full_pass_rows_per_s(self._threads.passes)),
             "plans": self.queues.plans_report(),
             "jobs_in_progress": len(self._live),
             "memory": {
@@ -210,3 +211,7 @@ class Batcher(Generic[JobT, OutcomeT]):
             "recent_drops": self._counters.recent_drops(),
             "device_turns": None if self.passes.turns is None else self.passes.turns.report(),
         }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
