@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
 import json
 import os
 import platform
@@ -95,25 +94,28 @@ class Swap:
 
 # On a GPU, the three models on one card under fractional claims, one replica each.
 ONE_CARD_GPUS = {"embedding_models": 0.25, "rerank_models": 0.25, "generation_models": 0.5}
-BASE_CONFIG: dict[str, Any] = {}
-ONE_CARD = False
 
 
-def config_with(arbiter: bool, priorities: dict[str, int] | None = None) -> dict[str, Any]:
-    config = copy.deepcopy(BASE_CONFIG or load_config())
-    args = config["applications"][0]["args"]
-    args["device_arbiter"] = {"enabled": arbiter}
+def config_with(
+    args: argparse.Namespace, arbiter: bool, priorities: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """The config the run serves (`--config`, else serve_config.yaml), with the arbiter on
+    or off, the models' priorities, and with `--one-card` every model on one GPU."""
+    one_card = args.one_card
+    config = load_config(args.config) if args.config else load_config()
+    app = config["applications"][0]["args"]
+    app["device_arbiter"] = {"enabled": arbiter}
     for kind in ("embedding_models", "rerank_models", "generation_models"):
-        for model in args.get(kind, []):
+        for model in app.get(kind, []):
             if priorities and model["name"] in priorities:
                 model["device_turns"] = {"priority": priorities[model["name"]]}
-            if ONE_CARD:
+            if one_card:
                 deployment = model.setdefault("deployment", {})
                 deployment.pop("autoscaling_config", None)
                 deployment["num_replicas"] = 1
                 deployment["ray_actor_options"] = {"num_cpus": 1, "num_gpus": ONE_CARD_GPUS[kind]}
-    if ONE_CARD:
-        args["ingress"]["deployment"]["num_replicas"] = 1
+    if one_card:
+        app["ingress"]["deployment"]["num_replicas"] = 1
     return config
 
 
@@ -245,7 +247,7 @@ async def swap_shares(url: str, duration_s: float) -> dict[str, float]:
 
 def serve_setting(arbiter: bool, args: argparse.Namespace, workdir: Path) -> Setting:
     setting = Setting(arbiter)
-    with running_server(config_with(arbiter), workdir, mode=args.mode) as server:
+    with running_server(config_with(args, arbiter), workdir, mode=args.mode) as server:
         time.sleep(SETTLE_S)
         for n in range(args.rounds):
             before = held_by_model(httpx.get(server.url + "/v1/stats", timeout=30).json())
@@ -260,7 +262,7 @@ def serve_setting(arbiter: bool, args: argparse.Namespace, workdir: Path) -> Set
 
 
 def serve_swap(priorities: dict[str, int], args: argparse.Namespace, workdir: Path) -> Swap:
-    with running_server(config_with(True, priorities), workdir, mode=args.mode) as server:
+    with running_server(config_with(args, True, priorities), workdir, mode=args.mode) as server:
         time.sleep(SETTLE_S)
         shares = asyncio.run(swap_shares(server.url, args.duration))
     swap = Swap(priorities, shares, min_share=0.05)
@@ -321,10 +323,6 @@ def main(argv: list[str] | None = None) -> None:
         help="every model on one GPU: num_gpus 0.25 / 0.25 / 0.5, one replica each",
     )
     args = parser.parse_args(argv)
-    global ONE_CARD
-    ONE_CARD = args.one_card
-    if args.config:
-        BASE_CONFIG.update(load_config(args.config))
     with tempfile.TemporaryDirectory(prefix="tributary-device-share-") as tmp:
         work = Path(tmp)
         settings = []

@@ -13,6 +13,7 @@ of its throughput, realtime p99 rose from 94 to 164 ms; docs/benchmarks.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -25,8 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from deployments.config.base import ModelDeploymentConfig
+from deployments.core.device_turns.sweep import sweep_tables
 from deployments.core.device_turns.table import TurnTable
-from deployments.core.device_turns.turns import DeviceTurns, Turn, TurnSettings, table_path
+from deployments.core.device_turns.turns import (
+    DeviceTurns,
+    Turn,
+    TurnSettings,
+    pid_alive,
+    table_path,
+)
 from deployments.core.metrics.metrics import TributaryMetrics
 from deployments.core.priority import Priority
 
@@ -113,8 +121,8 @@ class ReplicaTurns:
     def _take_kept(self, priority: Priority) -> Turn | None:
         with self._kept_lock:
             turn, self._kept = self._kept, None
-        if turn is not None:
-            self.turns.take_up(turn, int(priority))
+        if turn is not None and not self.turns.take_up(turn, int(priority)):
+            return None  # taken back after its lease: the pass asks afresh
         return turn
 
     def _drop_kept(self, turn: Turn) -> None:
@@ -175,6 +183,8 @@ def open_turns(
         max_hold_s=arbiter.max_hold_s,
     )
     path = table_path(_table_dir(), _node_key(), _device_key(device))
+    with contextlib.suppress(OSError):
+        sweep_tables(path.parent, keep=path, is_alive=pid_alive)
     try:
         table = TurnTable(path, capacity, arbiter.share_window_s)
         turns = DeviceTurns(table, config.name, settings, passes=passes)

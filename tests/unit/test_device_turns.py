@@ -386,7 +386,7 @@ def test_a_replica_keeps_the_device_for_its_next_pass_only_when_that_ranks_first
     clock.now += 0.01
     # Its next batch outranks the waiting one (higher model priority): kept.
     assert favoured.keep(turn, BATCH, math.inf, lease_s=0.05)
-    favoured.take_up(turn, BATCH)
+    assert favoured.take_up(turn, BATCH)
     assert not other._granted_yet(waiting)
     # A realtime pass now waits: the next batch-class pass does not keep the device.
     urgent, _ = live.try_acquire(REALTIME)
@@ -420,6 +420,22 @@ def test_a_kept_turn_not_taken_up_within_its_lease_is_taken_back(
     assert not other._granted_yet(waiting)
     clock.now += 0.05  # the favoured replica's next pass never came
     assert other._granted_yet(waiting)
+
+
+def test_a_kept_turn_taken_back_is_not_taken_up_and_the_pass_asks_again(
+    tmp_path: Path, clock: Clock
+) -> None:
+    favoured, other, _ = three(tmp_path, clock, s0=TurnSettings(priority=10))
+    turn, _ = favoured.try_acquire(BATCH)
+    waiting, _ = other.try_acquire(BATCH)
+    assert favoured.keep(turn, BATCH, math.inf, lease_s=0.05)
+    clock.now += 0.08
+    assert other._granted_yet(waiting)  # the lease ran out: the waiter has the device
+    assert not favoured.take_up(turn, BATCH)  # too late: no pass beside the new holder
+    again, granted = favoured.try_acquire(BATCH)
+    assert not granted  # it waits its turn like any other pass
+    other.release(waiting)
+    assert favoured._granted_yet(again)
 
 
 def test_a_turn_taken_back_before_its_pass_ended_is_not_kept(tmp_path: Path, clock: Clock) -> None:

@@ -277,15 +277,23 @@ class DeviceTurns:
         turn.klass, turn.asked_at, turn.granted_at = klass, now, now
         return True
 
-    def take_up(self, turn: Turn, klass: int) -> None:
-        """A kept turn starts its pass: counted, and held under the usual max_hold_s."""
+    def take_up(self, turn: Turn, klass: int) -> bool:
+        """A kept turn starts its pass: counted, and held under the usual max_hold_s.
+        False when waiters took it back after its lease ran out: the slot is given back
+        and the pass must ask for a turn like any other (running it anyway would put it
+        beside the turn's new holder)."""
         with self.table.locked() as table:
             mine = table.slot(turn.slot)
-            if mine.pid == self._pid and mine.state == HOLDING:
+            held = mine.pid == self._pid and mine.state == HOLDING
+            if held:
                 mine.klass, mine.max_hold_s = klass, self.settings.max_hold_s
                 table.write(turn.slot, mine)
+        if not held:
+            self._give_back_slot(turn.slot)
+            return False
         turn.klass = klass
         self._note_granted(turn)
+        return True
 
     def _waiting(self, table: TurnTable, now: float) -> list[Waiter]:
         return [
