@@ -37,6 +37,8 @@ def measured(harness: Harness, work_per_s: float, floor_s: float) -> None:
     assert PER_SEQUENCE_TOKENS == 8
     wait = predictor(harness)
     wait.rate._windows.append(work_per_s)
+    wait.note_job(PER_SEQUENCE_TOKENS, 1)
+    wait.set_capacity(work_per_s / PER_SEQUENCE_TOKENS)  # the replica's figure agrees
     wait.call_took(floor_s)
 
 

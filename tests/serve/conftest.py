@@ -100,6 +100,12 @@ def serve_test_config(cross_encoder_dir: Path | None = None) -> dict:
             },
         ]
     }
+    # Seven models share two cores here, so a burst of 64 requests at the normal class's
+    # 500 ms target is more than this server answers in time, and admission by predicted
+    # wait (the app's default) rightly refuses part of it. These tests check what bursts
+    # get back, not admission: the reliability suite checks that on the shipped app, and
+    # tests/integration/test_predicted_wait.py its rules.
+    args["ingress"]["admission"]["predict_wait"] = False
     batch = args["ingress"]["admission"]["batch"]
     batch.update(max_queued_items=BATCH_QUEUE_ITEMS, shed_above_queued_items=BATCH_QUEUE_ITEMS)
     # The result cache on one model only: the others' tests count what reaches their

@@ -50,6 +50,8 @@ def warm_predictor(clock: Clock) -> WaitPredictor:
         clock.now += 10 / RATE
         predictor.rate.ended(10)
     predictor.call_took(FLOOR_S)
+    predictor.note_job(work=1, rows=1)  # an input weighs one unit here
+    predictor.set_capacity(RATE)  # the replica's own figure agrees
     return predictor
 
 
@@ -174,6 +176,7 @@ async def test_stats_show_the_prediction() -> None:
     predicted = queues.stats()["predicted_wait"]
     assert predicted["enabled"] is True
     assert predicted["work_per_busy_s"] == pytest.approx(RATE)
+    assert predicted["service_rate_per_s"] == pytest.approx(RATE)
     assert predicted["call_floor_ms"] == 50.0
     assert predicted["fit"] == {"realtime": None, "normal": None, "batch": None}
 
@@ -192,6 +195,7 @@ async def test_the_prediction_weighs_work_and_the_bounds_count_inputs() -> None:
         predictor=warm_predictor(clock),
         clock=clock,
     )
+    queues.predictor.set_capacity(1.0)  # below the measured 200 a second, which decides
     model.gate.clear()
     long = asyncio.create_task(queues.submit(NORMAL, ["x" * 80], None))
     await settle()

@@ -18,7 +18,7 @@ from tests.fakes import Clock
 RT, NORMAL, BATCH = Priority.REALTIME, Priority.NORMAL, Priority.BATCH
 
 
-def measured(items_per_s: float, floor_s: float) -> WaitPredictor:
+def measured(items_per_s: float, floor_s: float, capacity: bool = True) -> WaitPredictor:
     """A predictor that has seen calls of 10 items at `items_per_s`, the fastest `floor_s`."""
     clock = Clock()
     predictor = WaitPredictor(BusyRate(window_s=0.5, min_work=10, clock=clock))
@@ -28,6 +28,9 @@ def measured(items_per_s: float, floor_s: float) -> WaitPredictor:
         predictor.rate.ended(10)
         predictor.call_took(10 / items_per_s)
     predictor.call_took(floor_s)
+    if capacity:
+        predictor.note_job(work=1, rows=1)
+        predictor.set_capacity(items_per_s)  # the replica's figure agrees with the measure
     return predictor
 
 
@@ -127,8 +130,7 @@ def test_a_deadline_already_past_refuses_with_a_positive_retry_after() -> None:
 def test_the_replicas_capacity_lifts_a_rate_measured_under_light_load() -> None:
     """A trickle measured 200 work/s; the replica says 100 inputs/s in full passes, and
     inputs here weigh 20: the prediction divides by 2,000, the better of the two."""
-    predictor = measured(items_per_s=200, floor_s=0.02)
-    assert predictor.service_rate() == pytest.approx(200)
+    predictor = measured(items_per_s=200, floor_s=0.02, capacity=False)
     predictor.note_job(work=200, rows=10)
     predictor.set_capacity(100.0)
     assert predictor.service_rate() == pytest.approx(2000)
@@ -136,11 +138,18 @@ def test_the_replicas_capacity_lifts_a_rate_measured_under_light_load() -> None:
     assert prediction is not None and prediction.queue_s == pytest.approx(1.0)
     report = predictor.report()
     assert report["capacity_inputs_per_s"] == 100.0 and report["service_rate_per_s"] == 2000
-    # A capacity below what was measured changes nothing; an unknown one is dropped.
+    # A capacity below what was measured leaves the measured rate.
     predictor.set_capacity(1.0)
     assert predictor.service_rate() == pytest.approx(200)
+
+
+def test_without_the_replicas_capacity_there_is_no_prediction() -> None:
+    """A rate measured under a trickle alone would refuse an idle model's first burst."""
+    predictor = measured(items_per_s=200, floor_s=0.02)
     predictor.set_capacity(None)
     assert predictor.report()["capacity_inputs_per_s"] is None
+    assert predictor.service_rate() is None
+    assert predictor.predict(NORMAL, ahead_work=1000, work=1) is None
 
 
 def test_a_capacity_alone_is_a_rate_before_anything_was_measured() -> None:

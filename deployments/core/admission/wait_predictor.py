@@ -15,18 +15,18 @@ ingress or a hop adds the same to every request (the base). A factor alone, trie
 grew to 16 on a machine whose CPU others took, and then refused every request that found
 anything at all ahead of it while the model stood idle.
 
-The service rate is the better of two measures. One is measured here (`busy_rate`): work
-answered per busy second. It shows what the model can do only once it has been saturated;
-a model that has served a trickle shows the trickle's rate, and 64 clients arriving at once
-would be refused on it. The other is the replica's own capacity (`set_capacity`: inputs a
-second in full passes, from its fitted cost model) times the work of an input as this
-ingress weighs them. The fit above takes care of a capacity the model cannot reach here (a
-neighbour on the device, an ingress short of CPU): its answers come late and its slope
-rises.
+The service rate is the replica's own capacity (`set_capacity`: inputs a second in full
+passes, from the cost model it fits to its passes) times the work of an input as this
+ingress weighs them, or the rate measured here (`busy_rate`: work answered per busy second)
+where that is higher. The measured rate alone is not enough: it shows what the model can do
+only once it has been saturated, and on a model that has served a trickle 64 clients
+arriving at once were refused at the trickle's rate. The fit above takes care of a capacity
+the model cannot reach here (a neighbour on the device, an ingress short of CPU): its
+answers come late and its slope rises.
 
 Until a class has its first fit the prediction is the fastest recent call (the hop and a
-pass) plus q, and before the rate is measured there is none (cold start: the fixed bounds
-alone decide).
+pass) plus q, and before the replica's capacity is known there is none (cold start: the
+fixed bounds alone decide).
 """
 
 from __future__ import annotations
@@ -111,14 +111,14 @@ class WaitPredictor:
         self._work_per_row = row if not previous else 0.95 * previous + 0.05 * row
 
     def service_rate(self) -> float | None:
-        """Work a second: the better of the measured rate and the replica's capacity."""
+        """Work a second: the replica's capacity, or the measured rate where that is
+        higher; None while the capacity is not known (a rate measured alone may be a
+        trickle's, and would refuse the first burst on an idle model)."""
+        if self._capacity_rows_per_s is None or not self._work_per_row:
+            return None
+        capacity = self._capacity_rows_per_s * self._work_per_row
         measured = self.rate.per_s()
-        capacity = None
-        if self._capacity_rows_per_s is not None and self._work_per_row:
-            capacity = self._capacity_rows_per_s * self._work_per_row
-        if measured is None or capacity is None:
-            return measured if capacity is None else capacity
-        return max(measured, capacity)
+        return capacity if measured is None else max(measured, capacity)
 
     def call_took(self, seconds: float) -> None:
         """A call to the model returned after `seconds` (sent to answered)."""
@@ -128,8 +128,8 @@ class WaitPredictor:
         return min(self._calls) if self._calls else None
 
     def predict(self, priority: Priority, ahead_work: int, work: int) -> Prediction | None:
-        """Seconds from now to the answer of `work` behind `ahead_work`; None until the rate
-        and the floor are measured (cold start)."""
+        """Seconds from now to the answer of `work` behind `ahead_work`; None until the
+        capacity is known and a call has been timed (cold start)."""
         rate = self.service_rate()
         floor = self.floor_s()
         if rate is None or floor is None:
