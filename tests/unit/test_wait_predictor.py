@@ -8,6 +8,7 @@ from deployments.core.admission.busy_rate import BusyRate
 from deployments.core.admission.wait_predictor import (
     MAX_SLOPE,
     MIN_SLOPE,
+    LatencyFit,
     Prediction,
     WaitPredictor,
     fit_line,
@@ -143,13 +144,35 @@ def test_the_replicas_capacity_lifts_a_rate_measured_under_light_load() -> None:
     assert predictor.service_rate() == pytest.approx(200)
 
 
-def test_without_the_replicas_capacity_there_is_no_prediction() -> None:
-    """A rate measured under a trickle alone would refuse an idle model's first burst."""
-    predictor = measured(items_per_s=200, floor_s=0.02)
-    predictor.set_capacity(None)
+def test_the_measured_rate_serves_until_the_capacity_is_known() -> None:
+    predictor = measured(items_per_s=200, floor_s=0.02, capacity=False)
     assert predictor.report()["capacity_inputs_per_s"] is None
-    assert predictor.service_rate() is None
-    assert predictor.predict(NORMAL, ahead_work=1000, work=1) is None
+    assert predictor.service_rate() == pytest.approx(200)
+    assert predictor.predict(NORMAL, ahead_work=99, work=1) is not None
+
+
+def test_a_fit_forgets_what_is_older_than_its_age_limit() -> None:
+    """A stall taught the class that answers take 2 s; 30 s later, with no request
+    admitted meanwhile, the fit is gone and the prediction is the floor plus the queue."""
+    clock = Clock()
+    fit = LatencyFit(min_samples=8, refit_every=4, max_age_s=30.0, clock=clock)
+    for _ in range(8):
+        fit.observe(0.1, 2.0)
+    line = fit.line
+    assert line is not None and line.predict_s(0.1) == pytest.approx(2.0, abs=0.1)
+    clock.now += 31
+    assert fit.line is None
+    for _ in range(8):  # what the class sees now
+        fit.observe(0.1, 0.15)
+    line = fit.line
+    assert line is not None and line.predict_s(0.1) == pytest.approx(0.15, abs=0.05)
+
+
+def test_the_margin_is_a_quantile_a_few_stalls_do_not_widen() -> None:
+    samples = [(0.1 * (k % 10), 0.05 + 0.1 * (k % 10)) for k in range(100)]
+    samples[:3] = [(0.0, 5.0)] * 3  # three answers caught in a stall
+    line = fit_line(samples)
+    assert line.spread_s < 0.5  # a deviation-based margin would be about 1.3 s
 
 
 def test_a_capacity_alone_is_a_rate_before_anything_was_measured() -> None:

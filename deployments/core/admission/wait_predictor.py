@@ -1,13 +1,16 @@
 """How long a request would take if admitted now, learned from what admitted requests took.
 
 The queue term of a request is the work ahead of it and its own, divided by the model's
-service rate (`busy_rate`): q = (work ahead + its work) / work per busy second. Work is in
-whatever unit the caller weighs jobs by: tokens for the encoders (`job_work.py`). What a
-request really takes is that and more: the hop and one pass however short the queue, a pass
-of another class it sits behind, an ingress whose CPU is taken. So each class fits, over the
-last requests it admitted, measured = base + slope x q by least squares (the slope between
-0.5 and 8, the base at least 0), and predicts base + slope x q + 1.28 residual standard
-deviations: the time about nine in ten such requests beat.
+service rate: q = (work ahead + its work) / work a second. Work is in whatever unit the
+caller weighs jobs by: tokens for the encoders (`job_work.py`). What a request really takes
+is that and more: the hop and one pass however short the queue, a pass of another class it
+sits behind, an ingress whose CPU is taken. So each class fits, over the requests it
+admitted in the last 30 s, measured = base + slope x q by least squares (the slope between
+0.5 and 8, the base at least 0), and predicts base + slope x q + the residuals' 90th
+percentile: the time about nine in ten such requests beat. The last 30 s only, so that what
+a cold start or a stall taught is forgotten once it is over; a quantile, not a multiple of
+the standard deviation, so that a few answers held up by a stall do not widen the margin
+past most waits.
 
 A fit, not a single correction factor, because the two errors differ in kind: a rate
 measured too high stretches long queues more than short ones (the slope), while a busy
@@ -15,31 +18,38 @@ ingress or a hop adds the same to every request (the base). A factor alone, trie
 grew to 16 on a machine whose CPU others took, and then refused every request that found
 anything at all ahead of it while the model stood idle.
 
-The service rate is the replica's own capacity (`set_capacity`: inputs a second in full
-passes, from the cost model it fits to its passes) times the work of an input as this
-ingress weighs them, or the rate measured here (`busy_rate`: work answered per busy second)
-where that is higher. The measured rate alone is not enough: it shows what the model can do
-only once it has been saturated, and on a model that has served a trickle 64 clients
-arriving at once were refused at the trickle's rate. The fit above takes care of a capacity
+The service rate is the better of two measures. The replica's own capacity (`set_capacity`:
+inputs a second in full passes, from the cost model it fits to its passes) times the work
+of an input as this ingress weighs them; and the rate measured here (`busy_rate`: work
+answered per busy second). The measured one shows what the model can do only once it has
+been saturated: on a model that has served a trickle, 64 clients arriving at once were
+refused at the trickle's rate. The capacity is known after the replica's first few passes
+of different sizes; until then the measured rate serves. The fit takes care of a capacity
 the model cannot reach here (a neighbour on the device, an ingress short of CPU): its
 answers come late and its slope rises.
 
-Until a class has its first fit the prediction is the fastest recent call (the hop and a
-pass) plus q, and before the replica's capacity is known there is none (cold start: the
-fixed bounds alone decide).
+Until a class has a fit the prediction is the fastest recent call (the hop and a pass) plus
+q, and before either rate is known there is none (cold start: the fixed bounds alone
+decide).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from deployments.core.admission.busy_rate import BusyRate
 from deployments.core.priority import ALL_PRIORITIES, Priority
 
 MIN_SLOPE, MAX_SLOPE = 0.5, 8.0
-TAIL_Z = 1.28  # the 90th percentile of a normal residual
+TAIL = 0.9  # the margin is this quantile of the residuals
+# A fit learns from the requests of the last this many seconds only: what an overload or a
+# cold start taught must not outlive it, or a class whose admissions it throttles would
+# take many minutes to collect the samples that undo it.
+FIT_MAX_AGE_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -52,28 +62,54 @@ class Prediction:
 class LatencyLine:
     base_s: float
     slope: float
-    spread_s: float  # the residuals' standard deviation
+    spread_s: float  # the margin: the residuals' 90th percentile (0 at least)
 
     def predict_s(self, queue_s: float) -> float:
-        return self.base_s + self.slope * queue_s + TAIL_Z * self.spread_s
+        return self.base_s + self.slope * queue_s + self.spread_s
 
 
 class LatencyFit:
-    """measured ~ base + slope x q over the last `window` admitted requests of a class."""
+    """measured ~ base + slope x q over the last `window` admitted requests of a class,
+    none older than `max_age_s`."""
 
-    def __init__(self, window: int = 256, min_samples: int = 32, refit_every: int = 16) -> None:
-        self._samples: deque[tuple[float, float]] = deque(maxlen=window)
+    def __init__(
+        self,
+        window: int = 256,
+        min_samples: int = 32,
+        refit_every: int = 16,
+        max_age_s: float = FIT_MAX_AGE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._samples: deque[tuple[float, float, float]] = deque(maxlen=window)
         self._min_samples = min_samples
         self._refit_every = refit_every
+        self._max_age_s = max_age_s
+        self._clock = clock
         self._since_fit = 0
-        self.line: LatencyLine | None = None
+        self._fitted_at = -math.inf
+        self._line: LatencyLine | None = None
+
+    @property
+    def line(self) -> LatencyLine | None:
+        """The current fit; refitted from the recent samples once it is `max_age_s` old,
+        and None when too few of them are left (the prediction before a first fit)."""
+        now = self._clock()
+        if self._line is not None and now - self._fitted_at > self._max_age_s:
+            self._refit(now)
+        return self._line
 
     def observe(self, queue_s: float, measured_s: float) -> None:
-        self._samples.append((queue_s, measured_s))
+        self._samples.append((self._clock(), queue_s, measured_s))
         self._since_fit += 1
         if len(self._samples) >= self._min_samples and self._since_fit >= self._refit_every:
-            self.line = fit_line(list(self._samples))
-            self._since_fit = 0
+            self._refit(self._clock())
+
+    def _refit(self, now: float) -> None:
+        while self._samples and now - self._samples[0][0] > self._max_age_s:
+            self._samples.popleft()
+        recent = [(q, m) for _, q, m in self._samples]
+        self._line = fit_line(recent) if len(recent) >= self._min_samples else None
+        self._fitted_at, self._since_fit = now, 0
 
 
 def fit_line(samples: list[tuple[float, float]]) -> LatencyLine:
@@ -86,8 +122,11 @@ def fit_line(samples: list[tuple[float, float]]) -> LatencyLine:
     slope = cov / var_q if var_q > 1e-12 else 1.0
     slope = min(max(slope, MIN_SLOPE), MAX_SLOPE)
     base = max(mean_m - slope * mean_q, 0.0)
-    spread = math.sqrt(sum((m - base - slope * q) ** 2 for q, m in samples) / n)
-    return LatencyLine(base, slope, spread)
+    # A quantile, not a multiple of the standard deviation: a few answers held up by a
+    # stall would make the deviation, and the margin, larger than most waits.
+    residuals = sorted(m - base - slope * q for q, m in samples)
+    margin = residuals[min(n - 1, int(TAIL * n))]
+    return LatencyLine(base, slope, max(margin, 0.0))
 
 
 class WaitPredictor:
@@ -111,14 +150,15 @@ class WaitPredictor:
         self._work_per_row = row if not previous else 0.95 * previous + 0.05 * row
 
     def service_rate(self) -> float | None:
-        """Work a second: the replica's capacity, or the measured rate where that is
-        higher; None while the capacity is not known (a rate measured alone may be a
-        trickle's, and would refuse the first burst on an idle model)."""
+        """Work a second: the better of the replica's capacity and the rate measured
+        here, whichever are known; None before either is (cold start)."""
+        known = [rate for rate in (self._capacity_per_s(), self.rate.per_s()) if rate]
+        return max(known) if known else None
+
+    def _capacity_per_s(self) -> float | None:
         if self._capacity_rows_per_s is None or not self._work_per_row:
             return None
-        capacity = self._capacity_rows_per_s * self._work_per_row
-        measured = self.rate.per_s()
-        return capacity if measured is None else max(measured, capacity)
+        return self._capacity_rows_per_s * self._work_per_row
 
     def call_took(self, seconds: float) -> None:
         """A call to the model returned after `seconds` (sent to answered)."""
