@@ -26,6 +26,13 @@ class BatchSettings(StrictModel):
         ge=1,
         description="Most padded tokens (items x longest item) in one forward pass.",
     )
+    alone_max_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="The token budget while no higher class has sent this model anything "
+        "for 2 s: a class kept to short passes so that higher ones never wait long behind "
+        "them runs full passes while nobody could. None = max_batch_tokens always.",
+    )
     aged_after_s: float | None = Field(
         None,
         gt=0,

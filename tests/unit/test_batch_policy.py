@@ -215,3 +215,26 @@ def test_the_tuner_reports_its_capacity_in_full_passes() -> None:
     # the largest class's pass: 64 rows of 16 tokens, 5 + 102.4 ms
     assert tuner.full_pass_rows_per_s() == pytest.approx(64 / 0.1074)
     assert tuner.full_pass_rows_per_s(passes=2) == pytest.approx(2 * 64 / 0.1074)
+
+
+def test_a_class_runs_full_passes_only_while_every_class_above_is_quiet() -> None:
+    clock = Clock()
+    limits = {
+        **LIMITS,
+        "batch": ClassLimits(64, 128, 0.05, target_s=None, alone_max_batch_tokens=16384),
+    }
+    tuner = BatchTuner(list(limits), clock=clock)
+    tuner.configure(limits, adaptive=False)
+    # nothing above has ever arrived: the batch class runs alone
+    assert tuner.plans()["batch"].max_batch_tokens == 16384
+    tuner.arrived("realtime", 1, company=False)  # a lone client counts too
+    plan = tuner.plans()["batch"]
+    assert plan.max_batch_tokens == 128 and "alone" not in plan.why
+    clock.now += 1.0
+    tuner.arrived("batch", 64)  # its own arrivals do not matter
+    assert tuner.plans()["batch"].max_batch_tokens == 128
+    clock.now += 1.0  # two seconds without realtime or normal
+    assert tuner.plans()["batch"].max_batch_tokens == 16384
+    tuner.arrived("normal", 8)
+    assert tuner.plans()["batch"].max_batch_tokens == 128
+    assert tuner.plans()["normal"].max_batch_tokens == 8192  # it has no alone budget

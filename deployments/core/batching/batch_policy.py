@@ -62,6 +62,8 @@ class ClassLimits:
     max_batch_tokens: int
     wait_s: float
     target_s: float | None
+    # The budget while no higher class has sent anything for a while (`BatchTuner`).
+    alone_max_batch_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ time, the class's `BatchBudget` a new token budget).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -17,6 +18,11 @@ from deployments.core.batching.batch_policy import BatchPlan, ClassLimits, SlotC
 from deployments.core.batching.cost_model import CostModel
 from deployments.core.memory.token_backoff import TokenBackoff
 
+# How long the classes above one must have sent nothing before it runs its passes at its
+# `alone_max_batch_tokens`: longer than the gaps of a light but steady higher class, so a
+# realtime client sending a few requests a second keeps the lower classes' passes short.
+ALONE_AFTER_S = 2.0
+
 
 class BatchTuner:
     def __init__(
@@ -24,9 +30,12 @@ class BatchTuner:
         classes: list[str],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`classes`: the class names, most urgent first."""
         self.cost = CostModel()
         self._clock = clock
+        self._classes = list(classes)
         self._arrivals = {name: ArrivalRate(clock=clock) for name in classes}
+        self._last_arrival = dict.fromkeys(classes, -math.inf)
         self._tokens_per_row = 0.0  # a running mean of the padded row length
         self._limits: dict[str, ClassLimits] = {}
         self._slots: dict[str, SlotControl] = {}
@@ -64,7 +73,9 @@ class BatchTuner:
         were there already (queued or in a pass), or the call brought several. Only such
         items say that waiting could fill a batch: a lone client's next request cannot
         arrive while it waits for this one, however fast it sends, and counting it would
-        make it wait out the window on every request."""
+        make it wait out the window on every request. Any arrival at all keeps the classes
+        below from running alone."""
+        self._last_arrival[name] = self._clock()
         if company:
             self._arrivals[name].add(items)
 
@@ -94,7 +105,7 @@ class BatchTuner:
         self._tokens_per_row = row if not previous else 0.9 * previous + 0.1 * row
 
     def plans(self) -> dict[str, BatchPlan]:
-        plans = self._plans()
+        plans = self._alone(self._plans())
         cap = self.backoff.limit()
         if cap is not None:
             # The fault's cap when there is one (it is never above the ceiling).
@@ -106,6 +117,25 @@ class BatchTuner:
                 for name, plan in plans.items()
             }
         self._last_plans = plans
+        return plans
+
+    def _alone(self, plans: dict[str, BatchPlan]) -> dict[str, BatchPlan]:
+        """A class with an `alone_max_batch_tokens` gets it while every class above has
+        been quiet for ALONE_AFTER_S: its passes are kept short for their sake only."""
+        now = self._clock()
+        quiet_above = True
+        for name in self._classes:
+            one = self._limits.get(name)
+            plan = plans.get(name)
+            alone = None if one is None else one.alone_max_batch_tokens
+            if quiet_above and plan is not None and alone is not None:
+                plans[name] = replace(
+                    plan,
+                    max_batch_tokens=alone,
+                    why=f"{plan.why}, alone",
+                    bounded_by_slot=False,
+                )
+            quiet_above = quiet_above and now - self._last_arrival[name] >= ALONE_AFTER_S
         return plans
 
     def _plans(self) -> dict[str, BatchPlan]:
@@ -132,7 +162,7 @@ class BatchTuner:
             return None
         row = self._tokens_per_row
         rows = max(
-            max(1, min(one.max_batch_size, int(one.max_batch_tokens // row)))
+            max(1, min(one.max_batch_size, int(_largest_budget(one) // row)))
             for one in self._limits.values()
         )
         seconds = fit.predict_s(rows, int(rows * row))
@@ -147,3 +177,7 @@ class BatchTuner:
             "arrivals_per_s": {n: round(r.per_s(), 2) for n, r in self._arrivals.items()},
             "targets": {name: control.report() for name, control in self._slots.items()},
         }
+
+
+def _largest_budget(limits: ClassLimits) -> int:
+    return max(limits.max_batch_tokens, limits.alone_max_batch_tokens or 0)

@@ -74,6 +74,7 @@ class BatchQueues:
                 max_batch_tokens=settings.max_batch_tokens,
                 wait_s=settings.batch_wait_timeout_s,
                 target_s=None if target is None else target / 1e3,
+                alone_max_batch_tokens=settings.alone_max_batch_tokens,
             )
         self.tuner.configure(limits, batching.adaptive)
         self._plans.clear()
