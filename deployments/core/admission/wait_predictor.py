@@ -5,12 +5,13 @@ service rate: q = (work ahead + its work) / work a second. Work is in whatever u
 caller weighs jobs by: tokens for the encoders (`job_work.py`). What a request really takes
 is that and more: the hop and one pass however short the queue, a pass of another class it
 sits behind, an ingress whose CPU is taken. So each class fits, over the requests it
-admitted in the last 30 s, measured = base + slope x q by least squares (the slope between
-0.5 and 8, the base at least 0), and predicts base + slope x q + the residuals' 90th
-percentile: the time about nine in ten such requests beat. The last 30 s only, so that what
-a cold start or a stall taught is forgotten once it is over; a quantile, not a multiple of
-the standard deviation, so that a few answers held up by a stall do not widen the margin
-past most waits.
+admitted in the last 30 s (at least its last 32), measured = base + slope x q by least
+squares (the slope between 0.5 and 8, the base at least 0), and predicts base + slope x q +
+the residuals' 90th percentile: the time about nine in ten such requests beat. The last
+30 s, so that what a cold start or a stall taught is forgotten once it is over; at least
+the last 32, so that a class that admits little keeps its latest evidence; a quantile, not
+a multiple of the standard deviation, so that a few answers held up by a stall do not widen
+the margin past most waits.
 
 A fit, not a single correction factor, because the two errors differ in kind: a rate
 measured too high stretches long queues more than short ones (the slope), while a busy
@@ -69,8 +70,8 @@ class LatencyLine:
 
 
 class LatencyFit:
-    """measured ~ base + slope x q over the last `window` admitted requests of a class,
-    none older than `max_age_s`."""
+    """measured ~ base + slope x q over the last `window` admitted requests of a class:
+    those of the last `max_age_s`, or the last `min_samples` where fewer came since."""
 
     def __init__(
         self,
@@ -91,8 +92,8 @@ class LatencyFit:
 
     @property
     def line(self) -> LatencyLine | None:
-        """The current fit; refitted from the recent samples once it is `max_age_s` old,
-        and None when too few of them are left (the prediction before a first fit)."""
+        """The current fit, refitted from the recent samples once it is `max_age_s` old;
+        None before `min_samples` were observed."""
         now = self._clock()
         if self._line is not None and now - self._fitted_at > self._max_age_s:
             self._refit(now)
@@ -105,9 +106,13 @@ class LatencyFit:
             self._refit(self._clock())
 
     def _refit(self, now: float) -> None:
-        while self._samples and now - self._samples[0][0] > self._max_age_s:
-            self._samples.popleft()
-        recent = [(q, m) for _, q, m in self._samples]
+        # The last `max_age_s`, but never fewer than the last `min_samples`: a class that
+        # admits little (the fit itself may be why) keeps its latest evidence rather than
+        # falling back to the optimistic prediction of a class that never had a fit.
+        samples = list(self._samples)
+        recent = [(q, m) for at, q, m in samples if now - at <= self._max_age_s]
+        if len(recent) < self._min_samples:
+            recent = [(q, m) for _, q, m in samples[-self._min_samples :]]
         self._line = fit_line(recent) if len(recent) >= self._min_samples else None
         self._fitted_at, self._since_fit = now, 0
 
