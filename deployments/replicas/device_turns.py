@@ -70,14 +70,22 @@ class ReplicaTurns:
 
     @asynccontextmanager
     async def turn(
-        self, priority: Priority, urgent_at: float = math.inf, next_pass: NextPass | None = None
+        self,
+        priority: Priority,
+        urgent_at: float = math.inf,
+        next_pass: NextPass | None = None,
+        behind: Callable[[], Priority | None] | None = None,
+        nudge: asyncio.Event | None = None,
     ) -> AsyncIterator[None]:
         """Holds the device for one forward pass of the class; waits on the loop. With
         `next_pass`, a replica whose next pass is ready when this one ends keeps the
-        device for it where that pass ranks first."""
+        device for it where that pass ranks first. `behind`: the most urgent class
+        waiting in the replica behind this pass (looked at again when `nudge` is set):
+        the turn is asked for at that class where it is higher."""
         turn = self._take_kept(priority)
         if turn is None:
-            turn = await self.turns.acquire(int(priority), urgent_at)
+            inherit = None if behind is None else lambda: _klass(behind())
+            turn = await self.turns.acquire(int(priority), urgent_at, inherit, nudge)
         try:
             yield
         finally:
@@ -235,3 +243,7 @@ def _device_key(device: str) -> str:
     except Exception:  # outside a Ray worker
         pass
     return f"gpu{os.environ.get('CUDA_VISIBLE_DEVICES', '0').split(',')[0]}"
+
+
+def _klass(priority: Priority | None) -> int | None:
+    return None if priority is None else int(priority)

@@ -163,6 +163,53 @@ def test_realtime_goes_before_a_batch_class_waiter_that_asked_earlier(
     assert not bulk._granted_yet(t_bulk)
 
 
+def test_a_waiting_turn_raised_to_a_higher_class_goes_before_those_it_passed(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """A batch-class pass that keeps its replica's realtime batch waiting behind it asks
+    at realtime from then on: it goes before a normal-class pass of another model."""
+    holder, bulk, other = three(tmp_path, clock)
+    first, _ = holder.try_acquire(BATCH)
+    t_bulk, _ = bulk.try_acquire(BATCH)
+    t_other, _ = other.try_acquire(NORMAL)
+    bulk._raise(t_bulk, REALTIME)
+    bulk._raise(t_bulk, BATCH)  # never down again
+    assert t_bulk.klass == REALTIME
+    holder.release(first)
+    assert bulk._granted_yet(t_bulk)
+    assert not other._granted_yet(t_other)
+    assert bulk.counts.of(REALTIME).turns == 1
+
+
+def test_an_async_wait_asks_again_at_the_inherited_class_when_nudged(tmp_path: Path) -> None:
+    a = DeviceTurns(TurnTable(tmp_path / "dev.turns", 1, 2.0), "a", TurnSettings())
+    b = DeviceTurns(TurnTable(tmp_path / "dev.turns", 1, 2.0), "b", TurnSettings(recheck_s=5))
+    c = DeviceTurns(TurnTable(tmp_path / "dev.turns", 1, 2.0), "c", TurnSettings(recheck_s=5))
+
+    async def scenario() -> list[str]:
+        behind: list[int] = []
+        nudge = asyncio.Event()
+        order: list[str] = []
+        first = await a.acquire(BATCH)
+        bulk = asyncio.create_task(
+            b.acquire(BATCH, inherit=lambda: min(behind, default=None), nudge=nudge)
+        )
+        await asyncio.sleep(0.02)
+        other = asyncio.create_task(c.acquire(NORMAL))
+        await asyncio.sleep(0.02)
+        behind.append(REALTIME)  # a realtime batch now waits behind b's pass
+        nudge.set()
+        await asyncio.sleep(0.02)
+        a.release(first)
+        for name, task, turns in (("b", bulk, b), ("c", other, c)):
+            turn = await asyncio.wait_for(task, 2)
+            order.append(name)
+            turns.release(turn)
+        return order
+
+    assert asyncio.run(scenario()) == ["b", "c"]
+
+
 def test_weights_share_the_capacity(tmp_path: Path, clock: Clock) -> None:
     """On a 4-unit device two 2-thread passes run together; a third waits."""
     two = TurnSettings(weight=2)

@@ -345,3 +345,20 @@ async def test_raising_the_capacity_grants_waiting_turns_at_once() -> None:
     gate.release()
     gate.release()
     assert gate.stats.running == 0 and not gate.stats.busy
+
+
+async def test_the_gate_says_the_most_urgent_class_waiting_and_when_one_came() -> None:
+    gate, clock = make()
+    await gate.acquire(BATCH)
+    assert gate.most_urgent_waiting() is None
+    gate.waiter_came.clear()
+    waiting = [asyncio.create_task(gate.acquire(p)) for p in (BATCH, RT)]
+    await settle()
+    assert gate.waiter_came.is_set()
+    clock.now += 5.0  # the batch-class turn has aged: it goes next, but realtime waits
+    assert gate.next_waiting() is BATCH and gate.most_urgent_waiting() is RT
+    for _ in waiting:
+        gate.release()
+        await settle()
+    gate.release()
+    assert all(task.done() for task in waiting)

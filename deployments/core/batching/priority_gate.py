@@ -50,6 +50,9 @@ class PriorityGate:
         self._running = 0
         self._turns = dict.fromkeys(ALL_PRIORITIES, 0)
         self._aged_turns = 0
+        # Set whenever a batch starts to wait: a pass waiting for its device turn looks
+        # again at what it keeps waiting (`most_urgent_waiting`).
+        self.waiter_came = asyncio.Event()
 
     def set_aged_after_s(self, aged_after_s: Mapping[Priority, float | None]) -> None:
         self._aged_after_s = dict(aged_after_s)
@@ -71,6 +74,11 @@ class PriorityGate:
             aged_turns=self._aged_turns,
         )
 
+    def most_urgent_waiting(self) -> Priority | None:
+        """The highest class with a batch waiting here, ageing aside: what a pass holding
+        a slot keeps waiting, and so what that pass's device turn is asked for at."""
+        return next((p for p in ALL_PRIORITIES if self._queues[p]), None)
+
     def next_waiting(self) -> Priority | None:
         """The class of the batch that would be granted the next free slot, if any waits."""
         turn, _ = next_in_line(self._queues, self._aged_after_s, self._clock())
@@ -91,6 +99,7 @@ class PriorityGate:
             return
         turn = _Turn(priority, self._clock(), asyncio.get_running_loop().create_future())
         self._queues[priority].append(turn)
+        self.waiter_came.set()
         try:
             await turn.granted
         except asyncio.CancelledError:

@@ -180,14 +180,26 @@ class DeviceTurns:
             return turn, True
         return turn, False
 
-    async def acquire(self, klass: int, urgent_at: float = math.inf) -> Turn:
-        """A turn, waited for on the running event loop."""
+    async def acquire(
+        self,
+        klass: int,
+        urgent_at: float = math.inf,
+        inherit: Callable[[], int | None] | None = None,
+        nudge: asyncio.Event | None = None,
+    ) -> Turn:
+        """A turn, waited for on the running event loop. `inherit`: the class of the most
+        urgent work this pass keeps waiting in its replica (asked again whenever `nudge`
+        is set, and at every look at the table); the turn waits at that class where it
+        is higher, so a batch-class pass that holds its replica's only slot does not keep
+        a realtime batch behind it waiting at the batch class's place on the device."""
+        if inherit is not None:
+            klass = min(klass, _or(inherit(), klass))
         turn, granted = self.try_acquire(klass, urgent_at)
         if granted:
             return turn
         loop = asyncio.get_running_loop()
         sock = self._wakers[turn.slot]
-        woken = asyncio.Event()
+        woken = nudge or asyncio.Event()
         loop.add_reader(sock.fileno(), woken.set)
         try:
             while not self._granted_yet(turn):
@@ -195,12 +207,29 @@ class DeviceTurns:
                     await asyncio.wait_for(woken.wait(), self.settings.recheck_s)
                 woken.clear()
                 _drain(sock)
+                if inherit is not None:
+                    self._raise(turn, _or(inherit(), turn.klass))
         except BaseException:
             self.withdraw(turn)
             raise
         finally:
             loop.remove_reader(sock.fileno())
         return turn
+
+    def _raise(self, turn: Turn, klass: int) -> None:
+        """A waiting turn moves up to `klass` (never down) and may be granted at once."""
+        if klass >= turn.klass:
+            return
+        now = self._clock()
+        with self.table.locked() as table:
+            mine = table.slot(turn.slot)
+            if mine.pid != self._pid or mine.state != WAITING:
+                return  # granted meanwhile: the next look at the table finds it
+            mine.klass = klass
+            table.write(turn.slot, mine)
+            granted = self._fill(table, now, reap=False)
+        turn.klass = klass
+        self._wake(granted, besides=turn.slot)
 
     def acquire_blocking(self, klass: int, urgent_at: float = math.inf) -> Turn:
         """A turn, waited for on this thread."""
@@ -487,6 +516,10 @@ def _shares(table: TurnTable, header: Header, now: float) -> dict[int, float]:
         busy = decayed(s.busy, s.busy_at, now, header.tau_s)
         by_model[s.model_key] = by_model.get(s.model_key, 0.0) + busy
     return {key: busy / total for key, busy in by_model.items()}
+
+
+def _or(klass: int | None, default: int) -> int:
+    return default if klass is None else klass
 
 
 def _drain(sock: socket.socket) -> None:

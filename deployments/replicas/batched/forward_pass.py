@@ -66,7 +66,15 @@ class ForwardPasses:
                 return await self._run_live(priority, items)
             # Then the device's turn, shared with other models' replicas: the most
             # urgent pass on the device goes first (replicas/device_turns.py).
-            async with self.turns.turn(priority, self._urgent_at(priority, items), self._next_pass):
+            # Behind this pass wait the replica's other batches: its turn is asked for at
+            # the most urgent one's class, as they can run only after it.
+            async with self.turns.turn(
+                priority,
+                self._urgent_at(priority, items),
+                self._next_pass,
+                behind=self.gate.most_urgent_waiting,
+                nudge=self.gate.waiter_came,
+            ):
                 return await self._run_live(priority, items)
 
     def _next_pass(self) -> tuple[Priority, float] | None:
