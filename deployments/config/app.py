@@ -75,12 +75,13 @@ class AdmissionConfig(StrictModel):
         "maxconn (TRIBUTARY_INGRESS_MAXCONN, 1024), so nothing waits unseen in front.",
     )
     predict_wait: bool = Field(
-        True,
+        False,
         description="Admit by predicted wait: the work ahead of a request (in tokens, "
         "estimated from its text) over the model's measured service rate, corrected by "
         "measured waits, against its class's target or deadline; a request that finds "
         "nothing ahead is always admitted. False = the item bounds alone (they are "
-        "ceilings either way).",
+        "ceilings either way). Off by default while it keeps Serve's autoscaling from "
+        "seeing load (docs/operations.md).",
     )
     max_timeout_s: float = Field(
         3600, gt=0, description="Largest X-Request-Timeout accepted (400 above it)."

@@ -18,9 +18,9 @@ from tests.reliability.settings import is_full, sizes
 
 @pytest.fixture(scope="package")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    # The app as shipped: admission by predicted wait is its default, and the overload
-    # test checks that default's goals.
+    # Admission by predicted wait on: the overload test checks its goals.
     config = load_config()
+    config["applications"][0]["args"]["ingress"]["admission"]["predict_wait"] = True
     with running_server(config, tmp_path_factory.mktemp("reliability")) as server:
         yield server
 

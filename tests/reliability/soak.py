@@ -221,6 +221,7 @@ def main() -> int:
         redis.start()
         try:
             config = load_config()
+            config["applications"][0]["args"]["ingress"]["admission"]["predict_wait"] = True
             config["applications"][0]["args"]["cache"] = {
                 "enabled": True,
                 "backend": "redis",

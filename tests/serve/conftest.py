@@ -102,7 +102,7 @@ def serve_test_config(cross_encoder_dir: Path | None = None) -> dict:
     }
     # Seven models share two cores here, so a burst of 64 requests at the normal class's
     # 500 ms target is more than this server answers in time, and admission by predicted
-    # wait (the app's default) rightly refuses part of it. These tests check what bursts
+    # wait, where it is on, rightly refuses part of it. These tests check what bursts
     # get back, not admission: the reliability suite checks that on the shipped app, and
     # tests/integration/test_predicted_wait.py its rules.
     args["ingress"]["admission"]["predict_wait"] = False
