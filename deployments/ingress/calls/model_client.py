@@ -67,6 +67,8 @@ class ModelClient(Generic[JobT, OutcomeT]):
         self._notes: set[asyncio.Task[Any]] = set()
         self._width: int | None = None
         self._width_asked = False
+        # Only the prediction reads the capacity: with it off, no replica is asked.
+        self._asks_capacity = admission.predict_wait
         self._capacity_due = 0.0
         self._capacity_asking = False
         targets = model_targets_ms or {}
@@ -134,7 +136,8 @@ class ModelClient(Generic[JobT, OutcomeT]):
         that passed becomes the API's error."""
         try:
             self._report_depth(priority)
-            self._refresh_capacity()
+            if self._asks_capacity:
+                self._refresh_capacity()
             return await self.queues.submit(
                 priority, job, loop_deadline(timeout_s), since=request_started()
             )
