@@ -33,6 +33,13 @@ class BatchSettings(StrictModel):
         "for 2 s: a class kept to short passes so that higher ones never wait long behind "
         "them runs full passes while nobody could. None = max_batch_tokens always.",
     )
+    alone_max_pass_ms: float = Field(
+        200.0,
+        gt=0,
+        description="The longest a pass at `alone_max_batch_tokens` may be predicted to "
+        "take (the measured cost model): the first request of a higher class to come back "
+        "waits out at most one such pass. Until the cost model has a fit, no full passes.",
+    )
     aged_after_s: float | None = Field(
         None,
         gt=0,

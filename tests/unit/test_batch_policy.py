@@ -238,3 +238,23 @@ def test_a_class_runs_full_passes_only_while_every_class_above_is_quiet() -> Non
     tuner.arrived("normal", 8)
     assert tuner.plans()["batch"].max_batch_tokens == 128
     assert tuner.plans()["normal"].max_batch_tokens == 8192  # it has no alone budget
+
+
+def test_a_full_pass_alone_is_bounded_in_time_and_waits_for_a_fit() -> None:
+    limits = {
+        **LIMITS,
+        "batch": ClassLimits(
+            64, 128, 0.05, target_s=None, alone_max_batch_tokens=16384, alone_max_pass_s=0.1
+        ),
+    }
+    tuner = BatchTuner(list(limits))
+    tuner.configure(limits, adaptive=False)
+    # no fit: how long a full pass takes is unknown, so the passes stay short
+    assert tuner.plans()["batch"].max_batch_tokens == 128
+    for rows in range(1, 33):
+        tuner.ran("batch", rows, rows * 16, COST.predict_s(rows, rows * 16))
+    # 5 ms + 0.1 ms a token: 950 tokens end within 100 ms, far under the 16384 ceiling
+    plan = tuner.plans()["batch"]
+    assert plan.max_batch_tokens == 950 and "alone" in plan.why
+    # the capacity counts the pass the time bound allows: 59 rows of 16 tokens
+    assert tuner.full_pass_rows_per_s() == pytest.approx(59 / COST.predict_s(59, 59 * 16))

@@ -64,6 +64,8 @@ class ClassLimits:
     target_s: float | None
     # The budget while no higher class has sent anything for a while (`BatchTuner`).
     alone_max_batch_tokens: int | None = None
+    # ...and no more than a pass the cost model predicts to end within this.
+    alone_max_pass_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -121,22 +121,37 @@ class BatchTuner:
 
     def _alone(self, plans: dict[str, BatchPlan]) -> dict[str, BatchPlan]:
         """A class with an `alone_max_batch_tokens` gets it while every class above has
-        been quiet for ALONE_AFTER_S: its passes are kept short for their sake only."""
+        been quiet for ALONE_AFTER_S: its passes are kept short for their sake only. The
+        full pass is still bounded in time, so that the first request of a higher class to
+        come back waits out one pass of at most `alone_max_pass_s`, never seconds of long
+        texts."""
         now = self._clock()
         quiet_above = True
         for name in self._classes:
             one = self._limits.get(name)
             plan = plans.get(name)
-            alone = None if one is None else one.alone_max_batch_tokens
-            if quiet_above and plan is not None and alone is not None:
-                plans[name] = replace(
-                    plan,
-                    max_batch_tokens=alone,
-                    why=f"{plan.why}, alone",
-                    bounded_by_slot=False,
-                )
+            if quiet_above and plan is not None and one is not None:
+                alone = self._alone_budget(one)
+                if alone is not None and alone > plan.max_batch_tokens:
+                    plans[name] = replace(
+                        plan,
+                        max_batch_tokens=alone,
+                        why=f"{plan.why}, alone",
+                        bounded_by_slot=False,
+                    )
             quiet_above = quiet_above and now - self._last_arrival[name] >= ALONE_AFTER_S
         return plans
+
+    def _alone_budget(self, limits: ClassLimits) -> int | None:
+        """The class's token budget while alone: None when it has none, or while a pass
+        cannot be timed yet (no cost fit)."""
+        budget = limits.alone_max_batch_tokens
+        if budget is None or limits.alone_max_pass_s is None:
+            return budget
+        fit = self.cost.current
+        if fit is None:
+            return None
+        return min(budget, fit.tokens_within(limits.alone_max_pass_s, self._tokens_per_row or 1.0))
 
     def _plans(self) -> dict[str, BatchPlan]:
         if not self.adaptive:
@@ -162,11 +177,14 @@ class BatchTuner:
             return None
         row = self._tokens_per_row
         rows = max(
-            max(1, min(one.max_batch_size, int(_largest_budget(one) // row)))
+            max(1, min(one.max_batch_size, int(self._largest_budget(one) // row)))
             for one in self._limits.values()
         )
         seconds = fit.predict_s(rows, int(rows * row))
         return passes * rows / seconds if seconds > 0 else None
+
+    def _largest_budget(self, limits: ClassLimits) -> int:
+        return max(limits.max_batch_tokens, self._alone_budget(limits) or 0)
 
     def report(self) -> dict[str, object]:
         fit = self.cost.current
@@ -177,7 +195,3 @@ class BatchTuner:
             "arrivals_per_s": {n: round(r.per_s(), 2) for n, r in self._arrivals.items()},
             "targets": {name: control.report() for name, control in self._slots.items()},
         }
-
-
-def _largest_budget(limits: ClassLimits) -> int:
-    return max(limits.max_batch_tokens, limits.alone_max_batch_tokens or 0)

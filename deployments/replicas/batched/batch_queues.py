@@ -75,6 +75,7 @@ class BatchQueues:
                 wait_s=settings.batch_wait_timeout_s,
                 target_s=None if target is None else target / 1e3,
                 alone_max_batch_tokens=settings.alone_max_batch_tokens,
+                alone_max_pass_s=settings.alone_max_pass_ms / 1e3,
             )
         self.tuner.configure(limits, batching.adaptive)
         self._plans.clear()
