@@ -23,7 +23,7 @@ from deployments.config import CacheConfig, EmbeddingModelConfig
 from deployments.core.cache.model_cache import ModelCache
 from deployments.core.protocol import EmbedJob, EmbedResult
 from deployments.ingress.cache.item_cache import ItemCaches, cached_run
-from deployments.ingress.cache.redis_store import RedisStore
+from deployments.ingress.cache.redis_store import BREAKER_S, RedisStore
 from tests.integration.test_generation_cache_route import GREEDY, App, events_of
 from tests.integration.test_generation_route import MODEL as LLM
 from tests.integration.test_generation_route import client_of
@@ -164,6 +164,24 @@ async def test_redis_killed_mid_load_fails_no_request(redis_server: RedisProcess
     assert cache is not None
     assert cache.counts.hits > 0  # the cache worked before the kill
     assert cache.counts.errors > 0  # and the faults after it were counted
+
+
+async def test_a_restarted_redis_is_used_again_after_one_breaker_period(
+    redis_server: RedisProcess,
+) -> None:
+    store = RedisStore(redis_server.url, None, timeout_s=0.5)
+    # Many requests at once leave many connections in the client's pool.
+    await asyncio.gather(*(store.get_many([f"k{i}"]) for i in range(16)))
+    redis_server.kill()
+    redis_server.start()  # the same port, empty
+    with pytest.raises(Exception):  # noqa: B017 - whichever error the dead socket gives
+        await store.get_many(["k"])
+    await asyncio.sleep(BREAKER_S + 0.1)
+    # Every connection opened before the restart is gone with the first fault: were they
+    # not, each would fail one call and open the breaker again (the soak saw 30 s of it).
+    again = await asyncio.gather(*(store.get_many([f"k{i}"]) for i in range(16)))
+    assert again == [[None]] * 16 and store.faults == 1
+    await store.close()
 
 
 async def test_model_cache_over_redis_dedups_in_flight(redis_server: RedisProcess) -> None:

@@ -17,6 +17,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 KEY_PREFIX = "tributary:cache:"
@@ -74,9 +76,14 @@ class RedisStore:
         try:
             # The client's own timeouts cover the socket; this covers everything else.
             result = await asyncio.wait_for(operation, self._timeout_s * 2)
-        except Exception:
+        except Exception as exc:
             self.faults += 1
             self._open_until = time.monotonic() + BREAKER_S
+            if isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError | TimeoutError):
+                # Every pooled socket may be as dead as this one (a restarted Redis): drop
+                # them all now. Kept, each would fail one call of its own later and open
+                # the breaker again; a soak saw the cache back only 30 s after a restart.
+                await self._client.connection_pool.disconnect()
             raise
         return result
 
