@@ -44,6 +44,9 @@ def make(
     settings: dict[Priority, ClassSettings] = SETTINGS, **options: object
 ) -> tuple[ClassQueues[list[str], str], dict[Priority, FakeModel]]:
     models = {p: FakeModel() for p in Priority}
+    # The queues' own mechanics, under the fixed bounds: the prediction has its own tests
+    # (test_class_queues_wait.py).
+    options.setdefault("predict_wait", False)
     queues: ClassQueues[list[str], str] = ClassQueues(
         lambda p: models[p].send,
         settings,

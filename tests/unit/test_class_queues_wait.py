@@ -8,7 +8,7 @@ import pytest
 from deployments.core.admission.admission import ClassLimits
 from deployments.core.admission.busy_rate import BusyRate
 from deployments.core.admission.class_queues import ClassQueues, ClassSettings, Refused
-from deployments.core.admission.wait_predictor import WaitPredictor
+from deployments.core.admission.wait_predictor import COLD_START_WORK_PER_S, WaitPredictor
 from deployments.core.priority import Priority
 from tests.fakes import Clock
 
@@ -137,12 +137,22 @@ async def test_a_deadline_shorter_than_the_target_is_the_budget() -> None:
     await drain(model, [*admitted, ok])
 
 
-async def test_cold_start_and_the_switch_fall_back_to_the_fixed_bounds() -> None:
-    for queues, model, _ in (make(warm=False), make(predict_wait=False)):
-        model.gate.clear()
-        admitted, refused = await fill(queues, NORMAL, limit=300)
-        assert len(admitted) == 300 and refused is None
-        await drain(model, admitted)
+async def test_cold_start_admits_what_a_slow_rate_would_answer_in_time() -> None:
+    queues, model, _ = make(warm=False)
+    model.gate.clear()
+    admitted, refused = await fill(queues, NORMAL)
+    # the normal class's 0.5 s at the assumed rate; the first call is out, not queued
+    assert len(admitted) == int(0.5 * COLD_START_WORK_PER_S)
+    assert refused is not None and refused.refusal.reason == "wait"
+    await drain(model, admitted)
+
+
+async def test_with_the_switch_off_the_fixed_bounds_alone_decide() -> None:
+    queues, model, _ = make(predict_wait=False)
+    model.gate.clear()
+    admitted, refused = await fill(queues, NORMAL, limit=3000)
+    assert len(admitted) == 3000 and refused is None
+    await drain(model, admitted)
 
 
 async def test_the_fixed_bounds_stay_ceilings() -> None:

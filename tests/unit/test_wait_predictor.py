@@ -6,6 +6,7 @@ import pytest
 from deployments.core.admission.admission import wait_refusal
 from deployments.core.admission.busy_rate import BusyRate
 from deployments.core.admission.wait_predictor import (
+    COLD_START_WORK_PER_S,
     MAX_SLOPE,
     MIN_SLOPE,
     LatencyFit,
@@ -35,11 +36,15 @@ def measured(items_per_s: float, floor_s: float, capacity: bool = True) -> WaitP
     return predictor
 
 
-def test_cold_start_predicts_nothing() -> None:
+def test_cold_start_assumes_a_slow_rate_and_teaches_the_fit_nothing() -> None:
     predictor = WaitPredictor(BusyRate(window_s=0.5, min_work=10, clock=Clock()))
-    assert predictor.predict(NORMAL, 100, 1) is None
+    cold = predictor.predict(NORMAL, 1999, 1)
+    assert cold.cold and cold.seconds == pytest.approx(2000 / COLD_START_WORK_PER_S)
     predictor.call_took(0.01)
-    assert predictor.predict(NORMAL, 100, 1) is None  # a floor, but no rate yet
+    assert predictor.predict(NORMAL, 1999, 1).seconds == pytest.approx(0.01 + 1.0)
+    for _ in range(64):  # however late, guesses move no fit
+        predictor.observe(NORMAL, cold, 5.0)
+    assert predictor.report()["fit"] == {"realtime": None, "normal": None, "batch": None}
 
 
 def test_before_a_fit_the_prediction_is_the_floor_plus_the_queue_term() -> None:

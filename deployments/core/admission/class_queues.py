@@ -152,11 +152,9 @@ class ClassQueues(Generic[Job, Outcome]):
 
     def _predicted(
         self, priority: Priority, work: int, deadline: float | None, since: float | None
-    ) -> tuple[Prediction | None, Refusal | None]:
+    ) -> tuple[Prediction, Refusal | None]:
         ahead = self.work_ahead(priority)
         prediction = self.predictor.predict(priority, ahead, work)
-        if prediction is None:  # cold start: the fixed bounds alone, as before
-            return None, None
         budgets = []
         target = self._targets.get(priority)
         if target is not None:

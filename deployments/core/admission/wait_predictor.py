@@ -30,8 +30,10 @@ the model cannot reach here (a neighbour on the device, an ingress short of CPU)
 answers come late and its slope rises.
 
 Until a class has a fit the prediction is the fastest recent call (the hop and a pass) plus
-q, and before either rate is known there is none (cold start: the fixed bounds alone
-decide).
+q. Before either rate is known (a fresh ingress, a model not yet busy for a second) q is
+taken at COLD_START_WORK_PER_S, a slow CPU's rate: with the fixed bounds alone a flood on a
+fresh server queued seconds of work (a soak's first minute: p50 6.6 s, realtime requests
+past their 10 s deadline). Such predictions teach the fit nothing: their q is a guess.
 """
 
 from __future__ import annotations
@@ -51,12 +53,16 @@ TAIL = 0.9  # the margin is this quantile of the residuals
 # cold start taught must not outlive it, or a class whose admissions it throttles would
 # take many minutes to collect the samples that undo it.
 FIT_MAX_AGE_S = 30.0
+# Work a second assumed before any is measured: ~100 short texts a second, what MiniLM does
+# on one slow core. A second or so later the measured rate takes over.
+COLD_START_WORK_PER_S = 2000.0
 
 
 @dataclass(frozen=True)
 class Prediction:
     seconds: float  # what admission compares with the request's budget
     queue_s: float  # q, the queue term: what the fit learns the measured latency from
+    cold: bool = False  # q at the assumed rate, before any was known
 
 
 @dataclass(frozen=True)
@@ -172,13 +178,16 @@ class WaitPredictor:
     def floor_s(self) -> float | None:
         return min(self._calls) if self._calls else None
 
-    def predict(self, priority: Priority, ahead_work: int, work: int) -> Prediction | None:
-        """Seconds from now to the answer of `work` behind `ahead_work`; None until the
-        capacity is known and a call has been timed (cold start)."""
+    def predict(self, priority: Priority, ahead_work: int, work: int) -> Prediction:
+        """Seconds from now to the answer of `work` behind `ahead_work`."""
         rate = self.service_rate()
-        floor = self.floor_s()
-        if rate is None or floor is None:
-            return None
+        if rate is None:  # cold start
+            return Prediction(
+                (self.floor_s() or 0.0) + (ahead_work + work) / COLD_START_WORK_PER_S,
+                0.0,
+                cold=True,
+            )
+        floor = self.floor_s() or 0.0
         queue = (ahead_work + work) / rate
         line = self._fits[priority].line
         seconds = floor + queue if line is None else line.predict_s(queue)
@@ -188,6 +197,8 @@ class WaitPredictor:
         """An admitted request of `priority` was answered `measured_s` after its prediction.
         A miss counts as at most four times the prediction: a request that waited out a
         60 s deadline must pull the fit up, not make one sample the whole spread."""
+        if prediction.cold:
+            return
         clipped = min(measured_s, 4 * max(prediction.seconds, 0.025))
         self._fits[priority].observe(prediction.queue_s, clipped)
 
