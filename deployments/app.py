@@ -156,7 +156,7 @@ def _model_deployment(
         .options(
             name=name,
             user_config=model.batching.model_dump(),
-            **model.deployment.to_serve(),
+            **model.deployment.to_serve(busy_policy=True),
         )
         .bind(model.model_dump(exclude={"batching"}))
     )

@@ -75,13 +75,13 @@ class AdmissionConfig(StrictModel):
         "maxconn (TRIBUTARY_INGRESS_MAXCONN, 1024), so nothing waits unseen in front.",
     )
     predict_wait: bool = Field(
-        False,
+        True,
         description="Admit by predicted wait: the work ahead of a request (in tokens, "
         "estimated from its text) over the model's measured service rate, corrected by "
         "measured waits, against its class's target or deadline; a request that finds "
         "nothing ahead is always admitted. False = the item bounds alone (they are "
-        "ceilings either way). Off by default while it keeps Serve's autoscaling from "
-        "seeing load (docs/operations.md).",
+        "ceilings either way). Autoscaled encoders scale by how busy their replicas are, "
+        "since the queue it keeps short would not ask (docs/operations.md).",
     )
     max_timeout_s: float = Field(
         3600, gt=0, description="Largest X-Request-Timeout accepted (400 above it)."

@@ -24,6 +24,10 @@ class ActorOptions(StrictModel):
         return self.model_dump(exclude_none=True)
 
 
+# Serve imports it by this path where the app is built and pickles it into its controller.
+BUSY_POLICY_PATH = "deployments.replicas.busy_scaling:BusyOrQueuePolicy"
+
+
 class AutoscalingOptions(StrictModel):
     """Serve's `autoscaling_config`; replaces a fixed `num_replicas`."""
 
@@ -35,6 +39,26 @@ class AutoscalingOptions(StrictModel):
     downscale_delay_s: float = Field(600.0, ge=0)
     metrics_interval_s: float | None = Field(None, gt=0)
     look_back_period_s: float | None = Field(None, gt=0)
+    target_busy_share: float | None = Field(
+        0.7,
+        gt=0,
+        le=1,
+        description="Encoder models: enough replicas that each spends about this share of "
+        "its time in forward passes, or as many as Serve's queue target asks for, whichever "
+        "is more (replicas/busy_scaling.py). The queue alone never asks under admission by "
+        "predicted wait, which keeps it short. None = Serve's own policy.",
+    )
+
+    def to_serve(self, busy_policy: bool) -> dict[str, Any]:
+        """Serve's `autoscaling_config`; `busy_policy`: the deployment's replicas report
+        how busy they are, and the policy that reads it applies."""
+        options = self.model_dump(exclude_none=True, exclude={"target_busy_share"})
+        if busy_policy and self.target_busy_share is not None:
+            options["policy"] = {
+                "policy_function": BUSY_POLICY_PATH,
+                "policy_kwargs": {"target_busy_share": self.target_busy_share},
+            }
+        return options
 
     @model_validator(mode="after")
     def _bounds_are_ordered(self) -> AutoscalingOptions:
@@ -69,7 +93,9 @@ class DeploymentOptions(StrictModel):
             raise ValueError("set num_replicas or autoscaling_config, not both")
         return self
 
-    def to_serve(self) -> dict[str, Any]:
+    def to_serve(self, busy_policy: bool = False) -> dict[str, Any]:
+        """Serve's options; `busy_policy`: an encoder deployment, whose replicas report how
+        busy they are to its autoscaling (`AutoscalingOptions.target_busy_share`)."""
         options = self.model_dump(
             exclude={"ray_actor_options", "autoscaling_config", "backpressure_retry_after_s"}
         )
@@ -79,7 +105,7 @@ class DeploymentOptions(StrictModel):
         }
         if self.autoscaling_config is not None:
             options.pop("num_replicas")
-            options["autoscaling_config"] = self.autoscaling_config.model_dump(exclude_none=True)
+            options["autoscaling_config"] = self.autoscaling_config.to_serve(busy_policy)
         elif self.num_replicas is None:
             options["num_replicas"] = 1
         options["ray_actor_options"] = self.ray_actor_options.to_ray()

@@ -27,6 +27,7 @@ from tests.cluster.local_cluster import LocalCluster, Node, unique_free_port, wa
 APP = "tributary"
 HEAD = "tributary_head"
 SLOT = "tributary_model_slot"
+HELD_TARGET_MS = 600_000  # the batch class's timeout_s: only the deadline bounds it
 SPREAD_MODEL = "minilm-spread"  # 2 replicas, one per node
 SCALING_MODEL = "minilm-autoscale"  # autoscales between 1 and 2 replicas on the head
 WORKER_CPUS = 1
@@ -41,6 +42,9 @@ def cluster_test_config(http_port: int) -> dict[str, Any]:
     config["http_options"] = {**config.get("http_options", {}), "port": http_port}
     app = config["applications"][0]
     args = app["args"]
+    # The node-loss test holds batch-class requests on chosen replicas for longer than any
+    # target (held_batch.py): admission must take a second one while the first runs.
+    args["ingress"]["admission"]["batch"]["target_ms"] = HELD_TARGET_MS
     base = args["embedding_models"][0]
     spread = copy.deepcopy(base)
     spread.update(name=SPREAD_MODEL, torch_threads=1)
@@ -51,8 +55,9 @@ def cluster_test_config(http_port: int) -> dict[str, Any]:
     scaling["deployment"]["autoscaling_config"] = {
         "min_replicas": 1,
         "max_replicas": 2,
-        # The ingress keeps two calls open per model while loaded: that asks for two.
-        "target_ongoing_requests": 1,
+        # Higher than the calls the ingress ever keeps open to a model (two per class): the
+        # queue alone never asks, so a second replica shows the busy share asked for it.
+        "target_ongoing_requests": 16,
         # Seconds, not minutes, so the test sees both directions quickly.
         "upscale_delay_s": 1,
         "downscale_delay_s": 4,
@@ -99,7 +104,7 @@ class DeployedCluster:
         return httpx.get(f"{self.url}/healthz", timeout=5).status_code == 200
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DeployedCluster]:
     cluster = LocalCluster(tmp_path_factory.mktemp("cluster"))
     try:

@@ -1,9 +1,10 @@
 """Under load a model deployment grows from one replica to two; idle, it shrinks back.
 
-Serve's autoscaler counts ongoing calls per replica. The ingress keeps two calls open to a
-loaded model (more requests join those calls' groups instead), so with a target of one
-ongoing call per replica, load asks for two replicas and quiet for one. The test config's
-delays are seconds instead of serve_config.gpu.yaml's minutes."""
+Admission by predicted wait keeps the queue at the model short (what cannot be answered in
+time is refused), so the calls waiting there never ask for a replica; the replica's busy
+share does (replicas/busy_scaling.py): one replica computing all the time asks for two, idle
+ones for the minimum. The test config's delays are seconds instead of
+serve_config.gpu.yaml's minutes."""
 
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ async def test_a_model_deployment_scales_out_under_load_and_back_in_when_idle(
     finally:
         stop.set()
         outcomes = await load
-    assert outcomes and all(o.ok for o in outcomes), [o for o in outcomes if not o.ok][:5]
+    # Answered, or refused as the API promises while one replica cannot keep up.
+    assert any(o.ok for o in outcomes)
+    assert all(o.ok or o.refused for o in outcomes), [o for o in outcomes if not o.ok][:5]
 
     await asyncio.to_thread(
         wait_for, "back to one replica when idle", lambda: replica_count() == (1, 1), 90

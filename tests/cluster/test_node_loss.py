@@ -82,17 +82,20 @@ async def test_losing_a_node_fails_its_requests_fast_and_serve_recovers(
         outcomes = await load
 
     assert all(o.status is not None for o in outcomes), "a request hung or lost its connection"
+    # Answered, or refused as the API promises (429/503 with Retry-After) where admission
+    # expects more than the replicas can answer in time: a node's loss halves them.
     before = [o for o in outcomes if o.started + o.seconds < lost_at]
-    assert before and all(o.ok for o in before)
+    assert any(o.ok for o in before) and all(o.ok or o.refused for o in before), before
     # The held request, and any request of the load that was on the lost node too.
     held_outcome = held.task.result()
     assert_clear_5xx(held_outcome)
     assert held_outcome.started + held_outcome.seconds - lost_at < FAIL_FAST_S, held_outcome
-    for outcome in [o for o in outcomes if not o.ok]:
+    for outcome in [o for o in outcomes if not o.ok and not o.refused]:
         assert_clear_5xx(outcome)
         assert outcome.seconds < FAIL_FAST_S, outcome
     settled = [o for o in outcomes if o.started > lost_at + SETTLED_AFTER_S]
-    assert settled and all(o.ok for o in settled), [o for o in settled if not o.ok][:5]
+    assert any(o.ok for o in settled), settled[:5]
+    assert all(o.ok or o.refused for o in settled), [o for o in settled if not o.ok][:5]
 
     # A node takes the lost one's place; Serve fills it without being told.
     replacement = await asyncio.to_thread(deployed.add_worker)

@@ -1,9 +1,11 @@
 """Closed-loop load for the cluster tests: N clients, each sending its next request as soon
-as the last one is answered, every outcome recorded with its start time and duration."""
+as the last one is answered (or, refused, after its Retry-After), every outcome recorded
+with its start time and duration."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,10 +19,20 @@ class Outcome:
     seconds: float
     status: int | None  # None: no HTTP answer at all (timeout, connection error)
     body: Any
+    retry_after_s: float | None = None
 
     @property
     def ok(self) -> bool:
         return self.status == 200
+
+    @property
+    def refused(self) -> bool:
+        """Turned away by admission, as the API promises: 429/503 that says when to retry
+        (not a failure's 503: that one says the replica went)."""
+        if self.status not in (429, 503) or self.retry_after_s is None:
+            return False
+        error = self.body.get("error", {}) if isinstance(self.body, dict) else {}
+        return error.get("code") in ADMISSION_CODES
 
 
 def texts(count: int) -> list[str]:
@@ -47,7 +59,23 @@ async def embed(
         body = response.text
     if response.status_code == 200:
         body = None  # the vectors are not needed, only that they came
-    return Outcome(started, time.monotonic() - started, response.status_code, body)
+    retry_after = response.headers.get("retry-after")
+    return Outcome(
+        started,
+        time.monotonic() - started,
+        response.status_code,
+        body,
+        None if retry_after is None else float(retry_after),
+    )
+
+
+ADMISSION_CODES = {"load_shed", "queue_full"}
+MAX_BACKOFF_S = 2.0  # the longest a refused client waits, so the load stays on
+
+
+async def wait_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
 
 
 async def closed_loop(
@@ -64,7 +92,12 @@ async def closed_loop(
 
     async def client_loop(client: httpx.AsyncClient) -> None:
         while not stop.is_set():
-            outcomes.append(await one_request(client, url, model, inputs, timeout_s))
+            outcome = await one_request(client, url, model, inputs, timeout_s)
+            outcomes.append(outcome)
+            if outcome.refused and outcome.retry_after_s is not None:
+                # A client that does as it is told; a loop that ignored it would spend the
+                # machine's two cores on refusals.
+                await wait_or_stop(stop, min(outcome.retry_after_s, MAX_BACKOFF_S))
 
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(limits=limits) as client:

@@ -38,6 +38,7 @@ from deployments.replicas.batched.forward_pass import ForwardPasses
 from deployments.replicas.batched.model_threads import ModelThreads
 from deployments.replicas.batched.pass_counters import PassCounters
 from deployments.replicas.batched.replica_memory import ReplicaMemory
+from deployments.replicas.busy_scaling import BUSY_METRIC
 from deployments.replicas.device_memory import DeviceMemory
 from deployments.replicas.device_turns import open_turns
 
@@ -188,6 +189,11 @@ class Batcher(Generic[JobT, OutcomeT]):
                 state.cancelled = True
                 found += 1
         return found
+
+    def autoscaling_stats(self) -> dict[str, float]:
+        """What Serve's controller reads for the deployment's autoscaling policy
+        (`replicas/busy_scaling.py`), every `metrics_interval_s`."""
+        return {BUSY_METRIC: self.passes.busy.read()}
 
     def info(self) -> dict[str, Any]:
         """The batching's figures, for the replica's info (/v1/stats)."""

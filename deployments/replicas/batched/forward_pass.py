@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from deployments.core.batching.batch_tuner import BatchTuner
+from deployments.core.batching.busy_share import BusyShare
 from deployments.core.batching.priority_gate import PriorityGate
 from deployments.core.memory.split_retry import SplitReport, run_split
 from deployments.core.metrics.metrics import TributaryMetrics
@@ -56,6 +57,7 @@ class ForwardPasses:
         self._memory = memory
         self._metrics = metrics
         self.gate = PriorityGate({}, capacity=threads.passes)
+        self.busy = BusyShare(lanes=threads.passes)
         self.turns: ReplicaTurns | None = None  # set once the replica opens its device's
 
     async def run(self, priority: Priority, items: list[Any]) -> list[Any]:
@@ -108,6 +110,7 @@ class ForwardPasses:
             results, report = await self._threads.run(
                 run_split, live, self._compute, is_memory_fault, release_cached_memory
             )
+            self.busy.ran(time.monotonic() - started)
             self._counters.ran(priority, len(live))
             if report.faults:
                 self._memory_faulted(priority, live, report)

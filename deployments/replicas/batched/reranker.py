@@ -101,6 +101,10 @@ class Reranker:
     def check_health(self) -> None:
         self.batcher.check_health()
 
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's hook for custom autoscaling metrics: how busy the passes kept it."""
+        return self.batcher.autoscaling_stats()
+
     def model_config(self) -> dict[str, Any]:
         """What the ingress needs of a version served by an application of its own."""
         return {"task": "rerank", "config": self.config.model_dump(mode="json")}
