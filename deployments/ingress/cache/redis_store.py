@@ -18,7 +18,6 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 KEY_PREFIX = "tributary:cache:"
@@ -79,11 +78,13 @@ class RedisStore:
         except Exception as exc:
             self.faults += 1
             self._open_until = time.monotonic() + BREAKER_S
-            if isinstance(exc, RedisConnectionError | RedisTimeoutError | OSError | TimeoutError):
-                # Every pooled socket may be as dead as this one (a restarted Redis): drop
-                # them all now. Kept, each would fail one call of its own later and open
+            if isinstance(exc, RedisConnectionError | ConnectionError):
+                # Every idle pooled socket may be as dead as this one (a restarted Redis):
+                # drop them now. Kept, each would fail one call of its own later and open
                 # the breaker again; a soak saw the cache back only 30 s after a restart.
-                await self._client.connection_pool.disconnect()
+                # Not on a timeout (a busy Redis, a busy machine: the sockets are fine), and
+                # not the sockets in use, whose calls would fail for nothing.
+                await self._client.connection_pool.disconnect(inuse_connections=False)
             raise
         return result
 
