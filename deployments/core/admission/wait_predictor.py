@@ -181,13 +181,9 @@ class WaitPredictor:
     def predict(self, priority: Priority, ahead_work: int, work: int) -> Prediction:
         """Seconds from now to the answer of `work` behind `ahead_work`."""
         rate = self.service_rate()
-        if rate is None:  # cold start
-            return Prediction(
-                (self.floor_s() or 0.0) + (ahead_work + work) / COLD_START_WORK_PER_S,
-                0.0,
-                cold=True,
-            )
         floor = self.floor_s() or 0.0
+        if rate is None:  # cold start
+            return Prediction(floor + (ahead_work + work) / COLD_START_WORK_PER_S, 0.0, cold=True)
         queue = (ahead_work + work) / rate
         line = self._fits[priority].line
         seconds = floor + queue if line is None else line.predict_s(queue)
