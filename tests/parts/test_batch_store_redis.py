@@ -3,12 +3,15 @@ a real redis-server on a free port and a file directory, as a cluster would run 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from deployments.core.batch_jobs.records import BatchRecord
+from deployments.ingress.batches import redis_store
 from deployments.ingress.batches.redis_store import RedisBatchStore
 from tests.parts.test_result_cache_redis import RedisProcess, redis_server
 from tests.unit.batch_support import new_batch
@@ -61,3 +64,19 @@ async def test_a_line_is_kept_once(store: RedisBatchStore) -> None:
     assert [x async for x in store.results("batch_1")] == [(0, True, b'{"a": 1}')]
     done = await store.get_batch("batch_1")
     assert done is not None and (done.completed, done.failed) == (1, 0)
+
+
+async def test_a_silent_server_fails_the_call_instead_of_hanging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listener that accepts and never answers, as a taken port would be."""
+    monkeypatch.setattr(redis_store, "SOCKET_TIMEOUT_S", 0.2)
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    store = RedisBatchStore(f"redis://127.0.0.1:{port}/0", tmp_path / "shared")
+    try:
+        with pytest.raises(RedisTimeoutError):
+            await asyncio.wait_for(store.open_batches("t"), 5)
+    finally:
+        await store.close()
+        server.close()

@@ -27,7 +27,7 @@ from deployments.ingress.cache.redis_store import BREAKER_S, RedisStore
 from tests.integration.test_generation_cache_route import GREEDY, App, events_of
 from tests.integration.test_generation_route import MODEL as LLM
 from tests.integration.test_generation_route import client_of
-from tests.redis_server import start_redis
+from tests.redis_server import RedisDidNotStart, start_redis
 
 MODEL = "m"
 
@@ -67,10 +67,22 @@ class RedisProcess:
             self.proc.wait()
 
 
+def started_redis(tmp: Path, tries: int = 3) -> RedisProcess:
+    """A running server; another port when the chosen one was taken before redis bound it."""
+    for attempt in range(tries):
+        server = RedisProcess(tmp)
+        try:
+            server.start()
+            return server
+        except RedisDidNotStart:
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisProcess]:
-    server = RedisProcess(tmp_path)
-    server.start()
+    server = started_redis(tmp_path)
     yield server
     server.kill()
 

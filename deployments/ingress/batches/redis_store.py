@@ -20,6 +20,10 @@ from deployments.ingress.batches.store import FileArea
 
 PREFIX = "tributary:batches:"
 PAGE = 500
+# Without a bound, a call to a server that stopped answering (or to a port that is no
+# longer Redis) waits forever and so does the batch's dispatcher. With one, the call fails
+# and the dispatcher's next pass tries again. Generous: a batch store call is not hot.
+SOCKET_TIMEOUT_S = 5.0
 
 # KEYS: batch hash, global open set, tenant open set. ARGV: new status, record, batch id,
 # 1 if the new status ends the batch, then the expected statuses. The record goes only
@@ -63,7 +67,9 @@ return 1
 class RedisBatchStore:
     def __init__(self, url: str, root: Path) -> None:
         self.files = FileArea(root)
-        self._redis = aioredis.Redis.from_url(url)
+        self._redis = aioredis.Redis.from_url(
+            url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S
+        )
         self._save = self._redis.register_script(SAVE)
         self._claim = self._redis.register_script(CLAIM)
         self._renew = self._redis.register_script(RENEW)
