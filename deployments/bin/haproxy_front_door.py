@@ -27,6 +27,16 @@ the way, each time, so a reload with a new config keeps them:
   (`ingress.admission.max_held_requests`) and admits by predicted wait, so this queue
   only forms while the ingress cannot even accept; both bounds are kept short because
   whatever waits here, admission has not seen.
+- **Refusing at the front, on the ingress's word.** Each embedding or rerank response
+  carries the share of its key (route family and `X-Priority`: normal, batch or none) the
+  ingress wants refused before it (`x-tributary-shed`, in thousandths, and the Retry-After
+  for it); HAProxy keeps the latest per key for a few seconds, refuses that share of the
+  key's POSTs at random with the API's 429 `load_shed`, and tells the ingress the share it
+  applied (`x-tributary-front-shed`). A refusal here costs microseconds, where one in
+  Python cost the ingress as much CPU as the model's share of two cores at 2x capacity
+  (core/admission/front_shedding.py). The families and headers are
+  deployments/http/front_shedding.py's; tests/parts/test_front_door_shedding.py checks they
+  agree.
 - **503 not_ready while there is no route yet.** Serve starts HAProxy before the app is
   deployed, with no app backend: every request then falls to Serve's `default_backend`,
   a plain-text 404 "Path '/healthz' not found", for the seconds until the ingress
@@ -44,6 +54,7 @@ Standard library only: Serve's HAProxy actor runs this, not the app.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -120,6 +131,74 @@ def bounded_queue(bounds: QueueBounds, response: Path = BACKPRESSURE) -> list[st
     ]
 
 
+# The ingress's names (deployments/http/front_shedding.py); this file imports nothing
+# of the app's.
+SHED_FAMILIES: dict[str, tuple[str, ...]] = {
+    "embed": ("/", "/embed", "/v1/embed", "/v1/embeddings", "/v2/embed"),
+    "rerank": ("/rerank", "/v1/rerank", "/v2/rerank"),
+}
+SHED_CLASSES = ("normal", "batch", "none")
+SHARE_HEADER = "x-tributary-shed"
+RETRY_HEADER = "x-tributary-shed-retry"
+APPLIED_HEADER = "x-tributary-front-shed"
+# A share older than this is not applied: the ingress that sent it may be gone, or the
+# key's traffic stopped long enough that its load is unknown.
+SHARE_FRESH_S = 3
+FRONT_REFUSAL = json.dumps(
+    {
+        "error": {
+            "message": "The server is shedding this class of requests; retry after the "
+            "Retry-After seconds.",
+            "type": "overloaded_error",
+            "param": None,
+            "code": "load_shed",
+        }
+    },
+    separators=(",", ":"),
+)
+
+
+def front_shedding() -> list[str]:
+    """Backend rules: refuse each key's published share of its POSTs, pass the share on to
+    the ingress, and keep the share each response brings."""
+    rules = [f"    http-request del-header {APPLIED_HEADER}"]
+    rules += [f"    acl tb_{f} path {' '.join(paths)}" for f, paths in SHED_FAMILIES.items()]
+    rules += [
+        "    acl tb_normal req.hdr(x-priority) -m str -i normal",
+        "    acl tb_batch req.hdr(x-priority) -m str -i batch",
+        "    acl tb_priority_sent req.hdr(x-priority) -m found",
+    ]
+    keys = [(f, c, f"{f}_{c}") for f in SHED_FAMILIES for c in SHED_CLASSES]
+    for family, klass, key in keys:
+        which = "!tb_priority_sent" if klass == "none" else f"tb_{klass}"
+        mine = f"{{ var(txn.tb_key) -m str {key} }}"
+        fresh = f"{{ date(),sub(proc.tb_{key}_at) lt {SHARE_FRESH_S} }}"
+        rules += [
+            f"    http-request set-var(txn.tb_key) str({key}) if METH_POST tb_{family} {which}",
+            f"    http-request set-var(txn.tb_p) var(proc.tb_{key}) if {mine} {fresh}",
+            f"    http-request set-var(txn.tb_retry) var(proc.tb_{key}_retry) if {mine}",
+        ]
+    shares = "{ var(txn.tb_p) -m found }"
+    rules += [
+        f"    http-request return status 429 content-type application/json "
+        f"string '{FRONT_REFUSAL}' hdr retry-after %[var(txn.tb_retry)] "
+        f"if {shares} {{ rand(1000),sub(txn.tb_p) lt 0 }}",
+        f"    http-request set-header {APPLIED_HEADER} %[var(txn.tb_p)] if {shares}",
+    ]
+    for _, _, key in keys:
+        told = f"if {{ var(txn.tb_key) -m str {key} }} {{ res.hdr({SHARE_HEADER}) -m found }}"
+        rules += [
+            f"    http-response set-var(proc.tb_{key}) res.hdr({SHARE_HEADER}) {told}",
+            f"    http-response set-var(proc.tb_{key}_at) date() {told}",
+            f"    http-response set-var(proc.tb_{key}_retry) res.hdr({RETRY_HEADER}) {told}",
+        ]
+    rules += [
+        f"    http-response del-header {SHARE_HEADER}",
+        f"    http-response del-header {RETRY_HEADER}",
+    ]
+    return rules
+
+
 def _sections(text: str) -> list[list[str]]:
     """The config's lines grouped by section (a keyword at the start of a line opens one);
     lines before the first section form a group of their own."""
@@ -174,7 +253,7 @@ def patch_config(text: str, errors: dict[str, Path], bounds: QueueBounds | None 
             out += [*head, json_backpressure(), *body]
         elif keyword == "backend" and any(SERVER.match(line) for line in body):
             servers = [_with_maxconn(line, bounds.ingress_maxconn) for line in body]
-            out += head + bounded_queue(bounds) + servers
+            out += head + front_shedding() + bounded_queue(bounds) + servers
         else:
             out += section
     return "\n".join(out) + "\n"

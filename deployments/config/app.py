@@ -83,6 +83,15 @@ class AdmissionConfig(StrictModel):
         "ceilings either way). Autoscaled encoders scale by how busy their replicas are, "
         "since the queue it keeps short would not ask (docs/operations.md).",
     )
+    front_door_headroom: float | None = Field(
+        1.25,
+        gt=1,
+        description="With HAProxy in front (the `throughput` and `haproxy` modes), it "
+        "refuses at random a share of normal- and batch-class embedding and rerank requests "
+        "before they cost Python anything, sized so that admission still sees this many "
+        "times what it admits (docs/operations.md, 'Refusing at the front door'). None = "
+        "HAProxy refuses only past its own queue bound.",
+    )
     max_timeout_s: float = Field(
         3600, gt=0, description="Largest X-Request-Timeout accepted (400 above it)."
     )

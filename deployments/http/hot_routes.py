@@ -25,6 +25,9 @@ from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import Receive, Scope, Send
 
+from deployments.errors import Overloaded
+from deployments.http.front_shedding import FrontDoorShares
+
 # Every route whose endpoint reads the raw request and answers with one JSON response.
 HOT_PATHS = frozenset(
     {
@@ -56,9 +59,15 @@ class _HotRoute:
 
 
 class HotRouteFront:
-    def __init__(self, app: FastAPI, answer_exception: ErrorAnswer) -> None:
+    def __init__(
+        self,
+        app: FastAPI,
+        answer_exception: ErrorAnswer,
+        front_door: FrontDoorShares | None = None,
+    ) -> None:
         self.app = app
         self._answer_exception = answer_exception
+        self._front_door = front_door
         self._endpoints: dict[str, Endpoint] = {
             route.path: route.endpoint
             for route in app.routes
@@ -84,8 +93,14 @@ class HotRouteFront:
             await self.app(scope, receive, send)
             return
         scope["app"] = self.app  # what Starlette sets, and `ingress_of` reads
+        refused_retry_after_s: int | None = None
         try:
             response = await endpoint(Request(scope, receive))
         except Exception as exc:
             response = self._answer_exception(exc)
+            if isinstance(exc, Overloaded):
+                refused_retry_after_s = int(response.headers.get("retry-after", "1"))
+        if self._front_door is not None and (keyed := self._front_door.key_of(scope)):
+            key, applied = keyed
+            self._front_door.stamp(response, key, applied, refused_retry_after_s)
         await response(scope, receive, send)

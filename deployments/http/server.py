@@ -27,6 +27,7 @@ from deployments.http.batches import install_batch_routes
 from deployments.http.docs_pages import install_docs_pages
 from deployments.http.embed_dialects import EMBED_DIALECT_REQUESTS
 from deployments.http.embeddings import install_embedding_routes
+from deployments.http.front_shedding import FrontDoorShares
 from deployments.http.generation import install_generation_routes
 from deployments.http.hot_routes import HotRouteFront
 from deployments.http.openapi import install_openapi
@@ -62,7 +63,9 @@ class HttpIngress(Ingress):
     """
 
     def __serve_build_asgi_app__(self) -> HotRouteFront:
-        return HotRouteFront(build_http_app(self), answer_exception)
+        shedding = self.front_shedding
+        front_door = None if shedding is None else FrontDoorShares(shedding)
+        return HotRouteFront(build_http_app(self), answer_exception, front_door)
 
 
 def build_http_app(ingress: Ingress) -> FastAPI:

@@ -22,6 +22,7 @@ from deployments.config import (
     ModelConfig,
 )
 from deployments.core.access.access import Tenant, estimate_tokens
+from deployments.core.admission.front_shedding import FrontShedding
 from deployments.core.admission.held_requests import HeldRequests
 from deployments.core.gc_policy import relax_collector
 from deployments.core.metrics.metrics import TributaryMetrics
@@ -128,9 +129,18 @@ class Ingress:
         self.gate = AccessGate(self.config.auth)
         self.cache = ItemCaches(self.config.cache, self.observer.metrics)
         self.held = HeldRequests(self.config.ingress.admission.max_held_requests)
+        headroom = self.config.ingress.admission.front_door_headroom
+        # The share HAProxy refuses before a request reaches Python (http/front_shedding.py).
+        self.front_shedding = None if headroom is None else FrontShedding(headroom)
         self.health = Health(self.catalog, readiness)
         self.stats = Stats(
-            self.catalog, self.observer, self.shadows, self.cache, self.gate, self.held
+            self.catalog,
+            self.observer,
+            self.shadows,
+            self.cache,
+            self.gate,
+            self.held,
+            self.front_shedding,
         )
         self.gate.warn_if_open_to_the_network()
         self._tasks = {"embedding": self.embed, "rerank": self.rerank, "generation": self.generate}

@@ -8,8 +8,10 @@ import os
 import socket
 from pathlib import Path
 
+import httpx
+
 from bench.server import descendants
-from tests.serve.conftest import Server
+from tests.serve.conftest import AUTH, MODEL, Server
 
 ERRORS = Path(__file__).resolve().parents[2] / "deployments" / "static" / "errors"
 
@@ -58,3 +60,18 @@ def test_a_garbage_request_line_is_a_400_and_a_close(server: Server) -> None:
         while chunk := connection.recv(65536):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+
+
+def test_the_share_to_refuse_reaches_haproxy_and_never_the_client(server: Server) -> None:
+    """The ingress publishes each key's share on its answers; HAProxy takes the headers
+    off (deployments/http/front_shedding.py). Idle, the share is zero."""
+    answer = httpx.post(
+        f"{server.url}/v1/embeddings",
+        json={"model": MODEL, "input": "a quiet day"},
+        headers={**AUTH, "X-Priority": "batch", "X-Tributary-Front-Shed": "900"},
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+    assert not [name for name in answer.headers if name.startswith("x-tributary-")]
+    shares = httpx.get(f"{server.url}/v1/stats", timeout=30).json()["front_door_shares"]
+    assert shares.get("embed_batch") == 0.0

@@ -1,12 +1,14 @@
 """`GET /v1/stats`: per model, this ingress replica's queues and one replica's counters of
 each version, the traffic split, shadow agreement, the canary guard and the result cache;
-then the ingress's refusals at the door and the requests it holds."""
+then the ingress's refusals at the door, the requests it holds and the shares of traffic
+it asks HAProxy to refuse."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+from deployments.core.admission.front_shedding import FrontShedding
 from deployments.core.admission.held_requests import HeldRequests
 from deployments.ingress.access.gate import AccessGate
 from deployments.ingress.cache.item_cache import ItemCaches
@@ -29,11 +31,13 @@ class Stats:
         cache: ItemCaches,
         gate: AccessGate,
         held: HeldRequests,
+        front_shedding: FrontShedding | None = None,
     ) -> None:
         self._parts = (catalog, observer, shadows)
         self._cache = cache
         self._gate = gate
         self._held = held
+        self._front_shedding = front_shedding
 
     async def gather(self) -> dict[str, Any]:
         stats = await gather_stats(*self._parts)
@@ -44,6 +48,10 @@ class Stats:
             **stats,
             "access_denied": self._gate.denied(),
             "held_requests": self._held.report(),
+            # Per route family and X-Priority: the share HAProxy is told to refuse.
+            "front_door_shares": (
+                None if self._front_shedding is None else self._front_shedding.shares()
+            ),
         }
 
 

@@ -1,0 +1,91 @@
+"""How much of a class's traffic HAProxy should refuse before it reaches Python.
+
+At twice capacity with single texts, refusing costs the ingress about as much CPU as the
+model's share of two cores: refusals then queue behind refusals in front of admission and
+wait seconds themselves. HAProxy refuses in microseconds, but it cannot predict waits.
+So the ingress, which can, tells it a share to refuse.
+
+Per key (the route family and the `X-Priority` header as sent: what HAProxy can see), the
+ingress counts what reaches it and what its admission refuses, and publishes the share
+`p` HAProxy should refuse at random so that the ingress keeps seeing `headroom` times what
+it admits: it still refuses some, so the predicted wait stays the judge of who gets in,
+and when load falls the admitted count falls with it and `p` follows it to zero. HAProxy
+tells the ingress the share it applied to each request, so the offered load, counted
+before HAProxy's refusals, is known even when several ingress replicas publish at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# What HAProxy refuses at most: some requests always reach admission, whose answers carry
+# the fresh share; a share of one would never hear of the load falling.
+CEILING = 0.95
+# A window closes after this long and this many arrivals (or four times as long).
+WINDOW_S = 1.0
+MIN_ARRIVALS = 10
+# New share = this much of the window's estimate + the rest of the old one.
+GAIN = 0.5
+
+
+@dataclass
+class _Window:
+    started: float
+    arrivals: int = 0
+    offered: float = 0.0  # arrivals weighted by 1 / (1 - share applied): before HAProxy
+    refused: int = 0
+
+
+@dataclass(frozen=True)
+class Advice:
+    permille: int  # the share of this key's requests HAProxy refuses, in thousandths
+    retry_after_s: int  # what those refusals tell clients
+
+
+class FrontShedding:
+    def __init__(self, headroom: float = 1.25, clock: Callable[[], float] = time.monotonic) -> None:
+        if headroom <= 1:
+            raise ValueError("headroom must be over 1: admission has to see some excess")
+        self._headroom = headroom
+        self._clock = clock
+        self._windows: dict[str, _Window] = {}
+        self._shares: dict[str, float] = {}
+        self._retry: dict[str, int] = {}
+
+    def observe(self, key: str, applied_permille: int, refused_retry_after_s: int | None) -> Advice:
+        """One request of `key` reached the ingress, HAProxy having refused this key at
+        `applied_permille`; `refused_retry_after_s` is the Retry-After admission refused
+        it with, None when it was admitted. Returns what to tell HAProxy now."""
+        now = self._clock()
+        window = self._windows.get(key)
+        if window is None:
+            window = self._windows[key] = _Window(now)
+            self._shares.setdefault(key, 0.0)
+        applied = min(max(applied_permille, 0), round(CEILING * 1000)) / 1000
+        window.arrivals += 1
+        window.offered += 1 / (1 - applied)
+        if refused_retry_after_s is not None:
+            window.refused += 1
+            self._retry[key] = max(1, refused_retry_after_s)
+        age = now - window.started
+        if age >= 4 * WINDOW_S or (age >= WINDOW_S and window.arrivals >= MIN_ARRIVALS):
+            self._close(key, window)
+            self._windows[key] = _Window(now)
+        return self.advice(key)
+
+    def advice(self, key: str) -> Advice:
+        share = self._shares.get(key, 0.0)
+        return Advice(round(share * 1000), self._retry.get(key, 1))
+
+    def shares(self) -> dict[str, float]:
+        """Every key's current share, for /v1/stats and the metrics."""
+        return dict(self._shares)
+
+    def _close(self, key: str, window: _Window) -> None:
+        admitted = window.arrivals - window.refused
+        wanted = self._headroom * admitted  # what admission should see of `offered`
+        estimate = min(CEILING, max(0.0, 1 - wanted / window.offered))
+        old = self._shares.get(key, 0.0)
+        self._shares[key] = GAIN * estimate + (1 - GAIN) * old
