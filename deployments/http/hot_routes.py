@@ -16,6 +16,7 @@ wire are the same (tests/integration/test_hot_routes.py compares them). Everythi
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI
@@ -25,7 +26,7 @@ from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import Receive, Scope, Send
 
-from deployments.errors import Overloaded
+from deployments.errors import NotReady, Overloaded
 from deployments.http.front_shedding import FrontDoorShares
 
 # Every route whose endpoint reads the raw request and answers with one JSON response.
@@ -41,6 +42,8 @@ HOT_PATHS = frozenset(
         "/rerank",
     }
 )
+
+INTERRUPTED = NotReady("The request was interrupted inside the server; retry shortly.")
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 ErrorAnswer = Callable[[Exception], Response]
@@ -100,6 +103,13 @@ class HotRouteFront:
             response = self._answer_exception(exc)
             if isinstance(exc, Overloaded):
                 refused_retry_after_s = int(response.headers.get("retry-after", "1"))
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # the client left and Serve cancelled this handler: nobody to answer
+            # A cancellation from inside that nobody asked for; left to the HTTP server it
+            # would become a bare text 500 while the client is still waiting.
+            response = self._answer_exception(INTERRUPTED)
         if self._front_door is not None and (keyed := self._front_door.key_of(scope)):
             key, applied = keyed
             self._front_door.stamp(response, key, applied, refused_retry_after_s)

@@ -4,15 +4,19 @@ error, on the same ingress with the same fake models."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
 import httpx
 import orjson
 import pytest
+from fastapi import FastAPI, Request
+from starlette.responses import Response
 
 from deployments.core.access.keys import digest
 from deployments.http.hot_routes import HOT_PATHS, HotRouteFront
+from deployments.http.server import answer_exception
 from tests.integration.full_app import EMBEDDER, FullApp
 from tests.integration.test_rerank_route import RERANK
 
@@ -162,3 +166,20 @@ async def test_other_routes_and_methods_go_to_the_app() -> None:
     assert models.status_code == 200
     assert wrong_method.status_code == 405
     assert missing.status_code == 404 and b"The routes are" in missing.content
+
+
+async def test_a_cancellation_nobody_asked_for_is_a_json_503_not_a_bare_500() -> None:
+    """The client is still there (its handler was not cancelled), so it gets an answer it
+    can act on: the API's 503 with Retry-After."""
+    app = FastAPI()
+
+    @app.post("/v1/embeddings")
+    async def embed(request: Request) -> Response:
+        raise asyncio.CancelledError()
+
+    front = HotRouteFront(app, answer_exception)
+    transport = httpx.ASGITransport(app=front)
+    async with httpx.AsyncClient(transport=transport, base_url="http://ingress") as client:
+        answer = await client.post("/v1/embeddings", json={})
+    assert answer.status_code == 503 and answer.headers["retry-after"]
+    assert answer.json()["error"]["code"] == "not_ready"

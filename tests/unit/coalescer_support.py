@@ -18,7 +18,7 @@ class FakeModel:
         self.cancelled: list[list[list[str]]] = []
         self.gate = asyncio.Event()
         self.gate.set()
-        self.fail_with: Exception | None = None
+        self.fail_with: BaseException | None = None
         self.fail_on: str | None = None  # fail any call with a job holding this text
 
     async def send(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from ray.exceptions import NodeDiedError, ObjectLostError, RayActorError, WorkerCrashedError
-from ray.serve.exceptions import BackPressureError
+from ray.serve.exceptions import BackPressureError, RequestCancelledError
 
 from deployments.core.priority import Priority
 from deployments.errors import NotReady, Overloaded
@@ -18,6 +18,7 @@ from deployments.ingress.calls.call_errors import RAY_CALL_ERRORS, ray_call_erro
         NodeDiedError("node 1 died"),
         WorkerCrashedError(),
         ObjectLostError("00" * 28, "owner", "call site"),
+        RequestCancelledError("req-1"),  # a replica shut down past its graceful timeout
     ],
 )
 def test_a_call_lost_with_its_node_or_worker_is_a_503_to_retry(lost: Exception) -> None:

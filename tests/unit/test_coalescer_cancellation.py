@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from deployments.core.admission.coalescer import CoalescerStats, DeadlineExpired
+from deployments.core.admission.coalescer import CallInterrupted, CoalescerStats, DeadlineExpired
 from tests.unit.coalescer_support import (
     FakeModel,
     LoopClock,
@@ -138,3 +138,21 @@ async def test_expiry_and_cancellation_together_free_everything(
     assert len(cancelled) == 3
     assert stats.expired == len(expired) > 0
     assert set(answered) <= {job[0] for job in model.sent}
+
+
+async def test_a_cancellation_from_the_downstream_fails_its_waiters_but_is_not_theirs() -> None:
+    """Nobody here cancelled the call, so its clients, still waiting, must not take the
+    cancellation for their own leaving (which answers nothing): they get CallInterrupted."""
+    model = FakeModel()
+    coalescer = make(model)
+    model.gate.clear()
+    model.fail_with = asyncio.CancelledError()
+    tasks = [asyncio.create_task(coalescer.submit([str(i)])) for i in range(3)]
+    await settle()
+    model.gate.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(r, CallInterrupted) for r in results), results
+    assert coalescer.stats.cancelled_calls == 0
+    model.fail_with = None
+    assert await coalescer.submit(["after"]) == "after"  # the queue goes on
+    assert_drained(coalescer)

@@ -39,6 +39,13 @@ class DeadlineExpired(Exception):
     """The job's deadline passed before its answer came."""
 
 
+class CallInterrupted(Exception):
+    """The downstream call ended in a cancellation nobody here asked for (every job of a
+    call that this module cancels is gone). Its jobs' clients are still waiting: they get
+    this failure, never a cancellation of their own, which their handlers would take for
+    their client leaving and answer with nothing (a bare 500 from the HTTP server)."""
+
+
 class _State(Enum):
     QUEUED = "queued"
     SENT = "sent"
@@ -157,6 +164,13 @@ class Coalescer(Generic[Job, Outcome]):
             self._leave(waiting)
             raise
 
+    @staticmethod
+    def _fail(group: list[_Waiting[Job, Outcome]], exc: Exception) -> None:
+        for waiting in group:
+            waiting.state = _State.ANSWERED
+            if not waiting.future.done():
+                waiting.future.set_exception(exc)
+
     def _leave(self, waiting: _Waiting[Job, Outcome]) -> None:
         if waiting.state is _State.QUEUED:
             self._unqueue(waiting)
@@ -246,14 +260,14 @@ class Coalescer(Generic[Job, Outcome]):
                 if not waiting.future.done():
                     waiting.future.set_result(outcome)
         except asyncio.CancelledError:
-            for waiting in group:
-                waiting.future.cancel()
-            raise
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                for waiting in group:
+                    waiting.future.cancel()
+                raise
+            self._fail(group, CallInterrupted("the call to the model was cancelled"))
         except Exception as exc:  # every waiter must hear of any failure, never hang
-            for waiting in group:
-                waiting.state = _State.ANSWERED
-                if not waiting.future.done():
-                    waiting.future.set_exception(exc)
+            self._fail(group, exc)
         finally:
             self._now.in_flight -= 1
             if self._now.queued_jobs:

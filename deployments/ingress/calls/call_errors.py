@@ -16,6 +16,7 @@ from ray.serve.exceptions import (
     BackPressureError,
     DeploymentUnavailableError,
     ReplicaUnavailableError,
+    RequestCancelledError,
 )
 
 from deployments.core.priority import Priority
@@ -24,6 +25,8 @@ from deployments.errors import NotReady, Overloaded, TributaryError
 # Serve's own back-pressure, a replica that is gone or not yet there, and the ways Ray
 # tells that the call was lost with a node, a worker or their results: every one is the
 # infrastructure's, not the request's, so a retry may well succeed (a 503, never a 500).
+# A cancelled request whose clients are still here is one a replica cancelled on its way
+# out (shut down past its graceful timeout), so it belongs with them.
 RAY_CALL_ERRORS = (
     BackPressureError,
     RayActorError,
@@ -36,6 +39,7 @@ RAY_CALL_ERRORS = (
     OutOfMemoryError,
     RpcError,
     RaySystemError,
+    RequestCancelledError,
 )
 
 # The call died with its replica (not refused by a live one): what a ReplicaWatch hears of.

@@ -25,12 +25,12 @@ from deployments.core.admission.class_queues import (
     Refused,
     loop_deadline,
 )
-from deployments.core.admission.coalescer import DeadlineExpired, Send
+from deployments.core.admission.coalescer import CallInterrupted, DeadlineExpired, Send
 from deployments.core.admission.job_work import work_of
 from deployments.core.metrics.metrics import TributaryMetrics
 from deployments.core.priority import ALL_PRIORITIES, Priority
 from deployments.core.protocol import BatchedHandle, BatchJob, JobCall
-from deployments.errors import DeadlineExceeded, Overloaded
+from deployments.errors import DeadlineExceeded, NotReady, Overloaded
 from deployments.ingress.calls.call_errors import RAY_CALL_ERRORS, ray_call_error
 from deployments.ingress.calls.observe import request_started
 
@@ -143,6 +143,11 @@ class ModelClient(Generic[JobT, OutcomeT]):
             )
         except Refused as exc:
             raise overloaded(self.name, priority, exc.refusal) from None
+        except CallInterrupted:
+            raise NotReady(
+                f"The call to model '{self.name}' was interrupted (a replica restarting or "
+                "leaving); retry shortly."
+            ) from None
         except DeadlineExpired:
             raise DeadlineExceeded(
                 f"No answer within the request's deadline of {timeout_s:g} s "
