@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,13 +16,16 @@ from pathlib import Path
 import httpx
 import yaml
 
+from deployments.launch.main import spare_port
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free port outside the kernel's ephemeral range and Ray's worker ports: one the
+    kernel hands out (bind to 0) can be taken as the local end of someone's outgoing
+    connection before the server binds it (a CI run lost HAProxy's bind that way)."""
+    return spare_port()
 
 
 def load_config(path: Path = ROOT / "serve_config.yaml") -> dict:

@@ -136,7 +136,7 @@ def haproxy_side_ports(environ: dict[str, str] | os._Environ[str]) -> dict[str, 
     for variable, default in HAPROXY_SIDE_PORTS.items():
         if variable in environ:
             continue
-        port = default if _port_is_free(default) else _any_free_port()
+        port = default if _port_is_free(default) else spare_port()
         if port != default:
             user = "HAProxy" if "HAPROXY" in variable else "Serve's fallback proxy"
             print(
@@ -344,7 +344,9 @@ def _port_is_free(port: int) -> bool:
 SPARE_PORTS = range(20000, 32768)
 
 
-def _any_free_port() -> int:
+def spare_port() -> int:
+    """A free port in SPARE_PORTS: for anything that must bind a port some time after
+    choosing it (HAProxy's side ports, a test's server)."""
     for port in random.sample(SPARE_PORTS, 200):
         if _port_is_free(port):
             return port

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.server import free_port as free_port  # the front-door tests take it from here
 from deployments.launch import main as launch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,12 +61,6 @@ def serve_generated_config(directory: Path) -> Path:
     api = HAProxyApi(config, {"default": backend}, config_file_path=str(directory / "haproxy.cfg"))
     api._generate_config_file_internal()
     return directory / "haproxy.cfg"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

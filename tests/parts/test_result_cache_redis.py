@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.server import free_port
 from deployments.backends.encoders.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
 from deployments.config import CacheConfig, EmbeddingModelConfig
@@ -41,12 +41,6 @@ def redis_binary() -> str:
             "redis-server is missing; `make test` installs it (apt-get install redis-server)"
         )
     pytest.skip("redis-server is missing and installing it needs root: sudo make redis")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RedisProcess:

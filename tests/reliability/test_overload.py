@@ -117,6 +117,23 @@ async def overload(
     return {"normal": normal, "batch": batch, "realtime": realtime}
 
 
+async def stats_during(server: Server, embedder: str, after_s: float) -> dict[str, object]:
+    """What the server says of itself `after_s` into the overload: the share each key is
+    refused at HAProxy, and per class the model's batches and the ingress's refusals."""
+    await asyncio.sleep(after_s)
+    async with httpx.AsyncClient(timeout=30) as client:
+        stats = (await client.get(f"{server.url}/v1/stats")).json()
+    model = stats["models"][embedder]
+    return {
+        "front_door_shares": stats.get("front_door_shares"),
+        "held_requests": stats.get("held_requests"),
+        "mean_batch_size": {c: v.get("mean_batch_size") for c, v in model["classes"].items()},
+        "ingress_refused": {
+            c: v.get("refused") for c, v in model["ingress"].get("classes", {}).items()
+        },
+    }
+
+
 def saturated(result: OpenLoopResult) -> bool:
     """The server could not keep up: it refused some requests or a queue built up."""
     return result.non_ok_total > 0 or result.p50_ms > SATURATED_P50_MS
@@ -171,6 +188,7 @@ async def test_twice_capacity_admits_what_it_can_serve_in_time_and_refuses_the_r
     before = rss(processes)
     started = time.monotonic()
     factor = 2
+    during = asyncio.create_task(stats_during(server, embedder, 0.8 * SIZES.overload_s))
     results = await overload(server, bodies, single, capacity, factor)
     if not saturated(results["normal"]):
         # The calibration ran on a machine busier than it is now: the server kept up, so
@@ -209,6 +227,7 @@ async def test_twice_capacity_admits_what_it_can_serve_in_time_and_refuses_the_r
             "run_seconds": round(seconds, 1),
             "goodput_share": round(goodput / capacity, 2),
             **{label: class_figures(result, targets[label]) for label, result in results.items()},
+            "server_during": await during,
             "rss_mib_before": before,
             "rss_mib_after": after,
             "rss_growth_mib": growth,

@@ -58,7 +58,7 @@ def own_side_ports() -> dict[str, str]:
     can both find one free and the later HAProxy then fails to bind it."""
     ports: set[int] = set()
     while len(ports) < len(launch_module.HAPROXY_SIDE_PORTS):
-        ports.add(launch_module._any_free_port())
+        ports.add(launch_module.spare_port())
     names = launch_module.HAPROXY_SIDE_PORTS
     return {name: str(port) for name, port in zip(names, ports, strict=True)}
 
