@@ -128,6 +128,8 @@ async def stats_during(server: Server, embedder: str, after_s: float) -> dict[st
         "front_door_shares": stats.get("front_door_shares"),
         "held_requests": stats.get("held_requests"),
         "mean_batch_size": {c: v.get("mean_batch_size") for c, v in model["classes"].items()},
+        "plans": model.get("replica", {}).get("plans"),
+        "targets": model.get("replica", {}).get("targets"),
         "ingress_refused": {
             c: v.get("refused") for c, v in model["ingress"].get("classes", {}).items()
         },

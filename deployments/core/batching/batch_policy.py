@@ -21,6 +21,11 @@ Three rules:
   are filling the slot's budget, it grows by a tenth (a quarter when far under), up to the
   share itself. So a model that is slower than its fit under load (the CPU shared with the
   ingress, say) gets shorter passes, and a comfortable target lets batches grow.
+- **Only misses the slot could cure shrink it.** An item that waited at the replica no
+  longer than its window and one slot was late for other reasons (the ingress's queue, a CPU
+  busy with other work); its lateness does not count against the slot. Without this rule,
+  under twice the capacity every class's passes shrank to a few texts for the sake of a
+  realtime tail they could not mend, and the model got through half as much.
 - **Only evidence about the slot as it is moves it.** An item that reached the replica
   before the slot last moved waited behind passes planned with the old slot: it is not
   counted, and the window starts afresh at each move. Otherwise one stall would shrink the
@@ -96,6 +101,7 @@ class SlotControl:
         self.target_s = limits.target_s
         self.ceiling_s = max(limits.target_s * TARGET_SHARE - limits.wait_s, 0.0)
         self.slot_s = self.ceiling_s / 2
+        self._wait_s = limits.wait_s
         self._clock = clock
         self._recent: list[float] = []  # every item's, for the report
         self._fresh: list[float] = []  # those that arrived since the slot last moved
@@ -103,13 +109,25 @@ class SlotControl:
         self._binding = False
         self._moved_at = -math.inf
 
-    def observe(self, latency_s: float, arrived_s: float | None = None) -> None:
+    def observe(
+        self,
+        latency_s: float,
+        arrived_s: float | None = None,
+        replica_wait_s: float | None = None,
+    ) -> None:
         """One item's latency; `arrived_s`, when it reached the replica (the clock's time),
-        tells whether it saw the slot as it is now."""
+        tells whether it saw the slot as it is now; `replica_wait_s`, how long it waited
+        there for its pass."""
         self._recent.append(latency_s)
         del self._recent[: -self.WINDOW]
         if arrived_s is not None and arrived_s < self._moved_at:
             return
+        if replica_wait_s is not None and replica_wait_s <= self.slot_s + self._wait_s:
+            # What the slot can cure is the wait at the replica behind other passes. An
+            # item that waited there no longer than planned was late elsewhere (the
+            # ingress's queue, a CPU taken by other work): shorter passes would not have
+            # helped it and would only cost throughput. Under 2x overload they halved it.
+            latency_s = min(latency_s, self.target_s * TARGET_SHARE)
         self._fresh.append(latency_s)
         del self._fresh[: -self.WINDOW]
         if latency_s > self.target_s:

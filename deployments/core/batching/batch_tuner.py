@@ -57,16 +57,17 @@ class BatchTuner:
         limits = self._limits.get(name)
         return None if limits is None else limits.target_s
 
-    def waited(self, name: str, jobs: list[tuple[float, float]]) -> None:
-        """A pass's jobs of class `name`: when each reached the replica, and its latency
-        from its request's arrival at the ingress to the end of the pass. Until the cost
+    def waited(self, name: str, jobs: list[tuple[float, float, float]]) -> None:
+        """A pass's jobs of class `name`: when each reached the replica, its latency from
+        its request's arrival at the ingress to the end of the pass, and how long it waited
+        at the replica before the pass began. Until the cost
         model has a fit the slot plans nothing, so what the jobs saw says nothing of it
         (the first passes of a replica are slow for reasons of their own)."""
         control = self._slots.get(name)
         if control is None or self.cost.current is None:
             return
-        for arrived, latency in jobs:
-            control.observe(latency, arrived)
+        for arrived, latency, replica_wait in jobs:
+            control.observe(latency, arrived, replica_wait)
 
     def arrived(self, name: str, items: int, company: bool = True) -> None:
         """`items` of class `name` reached the replica. `company`: other jobs of the class

@@ -160,7 +160,11 @@ class ForwardPasses:
         # under load the ingress's queue is part of what it waits. (The hop here is not:
         # the ingress can only say what was spent when the call left.)
         self._tuner.waited(
-            priority.label, [(state.arrived, ended - state.began) for state in states.values()]
+            priority.label,
+            [
+                (state.arrived, ended - state.began, started - state.arrived)
+                for state in states.values()
+            ],
         )
         self._retune()
         fit = self._tuner.cost.current
