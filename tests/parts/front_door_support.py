@@ -63,6 +63,20 @@ def serve_generated_config(directory: Path) -> Path:
     return directory / "haproxy.cfg"
 
 
+def one_server_config(directory: Path, port: int, server_port: int) -> Path:
+    """A minimal HAProxy config: one frontend on `port`, one backend server on
+    `server_port`, as the wrapper would patch Serve's."""
+    config = directory / "haproxy.cfg"
+    config.write_text(
+        "global\n    maxconn 64\n"
+        "defaults\n    mode http\n    timeout connect 1s\n    timeout client 30s\n"
+        "    timeout server 30s\n"
+        f"frontend f\n    bind 127.0.0.1:{port}\n    default_backend ingress\n"
+        f"backend ingress\n    server s 127.0.0.1:{server_port}\n"
+    )
+    return config
+
+
 @contextlib.contextmanager
 def running_haproxy(config: Path, port: int, environment: dict[str, str]) -> Iterator[None]:
     """The real HAProxy, through the wrapper, on `config`, until the block ends."""

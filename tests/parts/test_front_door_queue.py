@@ -18,6 +18,7 @@ from tests.parts.front_door_support import (
     exchange,
     free_port,
     front_door,
+    one_server_config,
     running_haproxy,
     serve_generated_config,
     wrapper_environment,
@@ -72,14 +73,7 @@ def bounded_front_door(
     """HAProxy through the wrapper in front of one OneAtATime server, with the queue
     bounds given as the wrapper's environment variables."""
     port, backend = free_port(), OneAtATime()
-    config = tmp_path / "haproxy.cfg"
-    config.write_text(
-        "global\n    maxconn 64\n"
-        "defaults\n    mode http\n    timeout connect 1s\n    timeout client 30s\n"
-        "    timeout server 30s\n"
-        f"frontend f\n    bind 127.0.0.1:{port}\n    default_backend ingress\n"
-        f"backend ingress\n    server s 127.0.0.1:{backend.port}\n"
-    )
+    config = one_server_config(tmp_path, port, backend.port)
     try:
         with running_haproxy(config, port, {**environment, **bounds}):
             yield port, backend

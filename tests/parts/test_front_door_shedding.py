@@ -19,6 +19,7 @@ from tests.parts.front_door_support import (
     exchange,
     free_port,
     front_door,
+    one_server_config,
     running_haproxy,
     wrapper_environment,
 )
@@ -51,14 +52,7 @@ def shedding_front_door(tmp_path: Path, environment: dict[str, str]) -> Iterator
     server = ThreadingHTTPServer(("127.0.0.1", 0), Ingress)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = free_port()
-    config = tmp_path / "haproxy.cfg"
-    config.write_text(
-        "global\n    maxconn 64\n"
-        "defaults\n    mode http\n    timeout connect 1s\n    timeout client 30s\n"
-        "    timeout server 30s\n"
-        f"frontend f\n    bind 127.0.0.1:{port}\n    default_backend ingress\n"
-        f"backend ingress\n    server s 127.0.0.1:{server.server_address[1]}\n"
-    )
+    config = one_server_config(tmp_path, port, server.server_address[1])
     try:
         with running_haproxy(config, port, environment):
             yield port
