@@ -133,6 +133,11 @@ async def stats_during(server: Server, embedder: str, after_s: float) -> dict[st
         "ingress_refused": {
             c: v.get("refused") for c, v in model["ingress"].get("classes", {}).items()
         },
+        # Calls to the model and their jobs: how big a group leaves the ingress at once.
+        "ingress_calls": {
+            c: {k: v.get(k) for k in ("calls", "jobs", "items", "in_flight", "queued_items")}
+            for c, v in model["ingress"].get("classes", {}).items()
+        },
     }
 
 

@@ -61,6 +61,17 @@ def test_when_the_load_falls_the_share_falls_to_nothing() -> None:
     assert admitted == reached >= 76  # the last of the share fades within that second
 
 
+def test_a_share_falls_fast_when_clients_back_off() -> None:
+    clock = Clock()
+    shedding = FrontShedding(clock=clock)
+    run(shedding, clock, offered_per_s=400, capacity_per_s=100, seconds=10)
+    high = shedding.advice(KEY).permille
+    # The clients back off (they honour Retry-After): half the offered load, all of it
+    # within capacity once the share lets it through.
+    run(shedding, clock, offered_per_s=100, capacity_per_s=100, seconds=3)
+    assert shedding.advice(KEY).permille < high / 3  # halved at each window's close
+
+
 def test_nothing_is_shed_below_capacity_and_keys_are_apart() -> None:
     clock = Clock()
     shedding = FrontShedding(clock=clock)

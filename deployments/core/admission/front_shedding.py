@@ -26,7 +26,10 @@ CEILING = 0.95
 # A window closes after this long and this many arrivals (or four times as long).
 WINDOW_S = 1.0
 MIN_ARRIVALS = 10
-# New share = this much of the window's estimate + the rest of the old one.
+# A rising share = this much of the window's estimate + the rest of the old one; a falling
+# share takes the estimate at once. Refusing too much is the worse mistake: clients that
+# honour Retry-After back off at once, and a share that lagged their leaving would leave
+# the model idle while it refused them.
 GAIN = 0.5
 
 
@@ -88,4 +91,8 @@ class FrontShedding:
         wanted = self._headroom * admitted  # what admission should see of `offered`
         estimate = min(CEILING, max(0.0, 1 - wanted / window.offered))
         old = self._shares.get(key, 0.0)
-        self._shares[key] = GAIN * estimate + (1 - GAIN) * old
+        if window.refused == 0:
+            # Admission took all it saw: the demand behind the share is unknown, only that
+            # it fits. Probing back up by the headroom alone would take seconds; halve.
+            estimate = min(estimate, old / 2)
+        self._shares[key] = estimate if estimate < old else GAIN * estimate + (1 - GAIN) * old
