@@ -98,12 +98,20 @@ async def test_a_targeted_class_is_judged_from_its_arrival_at_the_ingress() -> N
     model.batcher.reconfigure(batching)
     for rows in range(1, 17):  # a fit, so the slot is in charge
         model.batcher.tuner.ran("realtime", rows, rows * 8, 0.001 + 0.0005 * rows)
+    wait_ms = batching["realtime"]["batch_wait_timeout_s"] * 1e3
+    start_slot_ms = (100 * TARGET_SHARE - wait_ms) / 2
     now = time.monotonic()
     # At the replica for 10 ms; its request reached the ingress 300 ms ago.
     state = JobState("r1", deadline=None, arrived=now - 0.01, began=now - 0.3)
     await model.batcher.passes.run(Priority.REALTIME, [Item([1, 2], BatchBudget(8, 64), state)])
     targets = model.batcher.tuner.report()["targets"]["realtime"]
     assert targets["recent_p99_ms"] >= 300
-    # 300 ms misses the 100 ms target: the slot shrank at once.
-    wait_ms = batching["realtime"]["batch_wait_timeout_s"] * 1e3
-    assert targets["slot_ms"] < (100 * TARGET_SHARE - wait_ms) / 2
+    # 300 ms misses the 100 ms target, but it waited at the replica no longer than planned:
+    # the time was lost before it, where shorter passes cannot help. The slot holds.
+    assert targets["slot_ms"] == round(start_slot_ms, 2)
+    # One that waited at the replica longer than a slot is a miss the slot can cure.
+    now = time.monotonic()
+    state = JobState("r2", deadline=None, arrived=now - 0.2, began=now - 0.3)
+    await model.batcher.passes.run(Priority.REALTIME, [Item([1, 2], BatchBudget(8, 64), state)])
+    targets = model.batcher.tuner.report()["targets"]["realtime"]
+    assert targets["slot_ms"] < start_slot_ms
