@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from deployments.core.admission.front_shedding import CEILING, FrontShedding
+from deployments.core.admission.front_shedding import CEILING, STALE_S, FrontShedding
 
 KEY = "embed_normal"
 
@@ -103,3 +103,15 @@ def test_a_sparse_key_waits_for_enough_arrivals_or_four_windows() -> None:
 def test_headroom_must_leave_admission_some_excess() -> None:
     with pytest.raises(ValueError):
         FrontShedding(headroom=1.0)
+
+
+def test_a_key_that_went_quiet_starts_again_from_nothing() -> None:
+    """HAProxy forgets a share after a few quiet seconds; so does the ingress, or the first
+    answers to clients coming back to an idle model would ask it to refuse them."""
+    clock = Clock()
+    shedding = FrontShedding(clock=clock)
+    run(shedding, clock, offered_per_s=400, capacity_per_s=100, seconds=10)
+    assert shedding.advice(KEY).permille > 500
+    clock.now += STALE_S + 1
+    assert shedding.shares() == {KEY: 0.0}
+    assert shedding.observe(KEY, 0, None).permille == 0

@@ -26,6 +26,9 @@ CEILING = 0.95
 # A window closes after this long and this many arrivals (or four times as long).
 WINDOW_S = 1.0
 MIN_ARRIVALS = 10
+# A key quiet this long starts again from nothing: HAProxy has forgotten its share by then
+# (bin/haproxy_front_door.py, SHARE_FRESH_S), and whoever comes back finds an idle model.
+STALE_S = 3.0
 # A rising share = this much of the window's estimate + the rest of the old one; a falling
 # share takes the estimate at once. Refusing too much is the worse mistake: clients that
 # honour Retry-After back off at once, and a share that lagged their leaving would leave
@@ -56,6 +59,7 @@ class FrontShedding:
         self._windows: dict[str, _Window] = {}
         self._shares: dict[str, float] = {}
         self._retry: dict[str, int] = {}
+        self._last_seen: dict[str, float] = {}
 
     def observe(self, key: str, applied_permille: int, refused_retry_after_s: int | None) -> Advice:
         """One request of `key` reached the ingress, HAProxy having refused this key at
@@ -63,9 +67,10 @@ class FrontShedding:
         it with, None when it was admitted. Returns what to tell HAProxy now."""
         now = self._clock()
         window = self._windows.get(key)
-        if window is None:
+        if window is None or now - self._last_seen.get(key, now) > STALE_S:
             window = self._windows[key] = _Window(now)
-            self._shares.setdefault(key, 0.0)
+            self._shares[key] = 0.0
+        self._last_seen[key] = now
         applied = min(max(applied_permille, 0), round(CEILING * 1000)) / 1000
         window.arrivals += 1
         window.offered += 1 / (1 - applied)
@@ -83,8 +88,13 @@ class FrontShedding:
         return Advice(round(share * 1000), self._retry.get(key, 1))
 
     def shares(self) -> dict[str, float]:
-        """Every key's current share, for /v1/stats and the metrics."""
-        return dict(self._shares)
+        """Every key's current share, for /v1/stats: 0 for a key quiet past STALE_S, as
+        HAProxy no longer applies its share."""
+        now = self._clock()
+        return {
+            key: 0.0 if now - self._last_seen.get(key, now) > STALE_S else share
+            for key, share in self._shares.items()
+        }
 
     def _close(self, key: str, window: _Window) -> None:
         admitted = window.arrivals - window.refused
