@@ -44,6 +44,16 @@ class _Window:
     refused: int = 0
 
 
+@dataclass
+class _Key:
+    """One key's current window, the share it publishes and when it was last seen."""
+
+    window: _Window
+    last_seen: float
+    share: float = 0.0
+    retry_after_s: int = 1
+
+
 @dataclass(frozen=True)
 class Advice:
     permille: int  # the share of this key's requests HAProxy refuses, in thousandths
@@ -56,53 +66,55 @@ class FrontShedding:
             raise ValueError("headroom must be over 1: admission has to see some excess")
         self._headroom = headroom
         self._clock = clock
-        self._windows: dict[str, _Window] = {}
-        self._shares: dict[str, float] = {}
-        self._retry: dict[str, int] = {}
-        self._last_seen: dict[str, float] = {}
+        self._keys: dict[str, _Key] = {}
 
     def observe(self, key: str, applied_permille: int, refused_retry_after_s: int | None) -> Advice:
         """One request of `key` reached the ingress, HAProxy having refused this key at
         `applied_permille`; `refused_retry_after_s` is the Retry-After admission refused
         it with, None when it was admitted. Returns what to tell HAProxy now."""
         now = self._clock()
-        window = self._windows.get(key)
-        if window is None or now - self._last_seen.get(key, now) > STALE_S:
-            window = self._windows[key] = _Window(now)
-            self._shares[key] = 0.0
-        self._last_seen[key] = now
+        state = self._keys.get(key)
+        if state is None or now - state.last_seen > STALE_S:
+            # New, or quiet long enough to start again from nothing (its Retry-After kept).
+            retry = 1 if state is None else state.retry_after_s
+            state = self._keys[key] = _Key(_Window(now), now, retry_after_s=retry)
+        state.last_seen = now
+        window = state.window
         applied = min(max(applied_permille, 0), round(CEILING * 1000)) / 1000
         window.arrivals += 1
         window.offered += 1 / (1 - applied)
         if refused_retry_after_s is not None:
             window.refused += 1
-            self._retry[key] = max(1, refused_retry_after_s)
+            state.retry_after_s = max(1, refused_retry_after_s)
         age = now - window.started
         if age >= 4 * WINDOW_S or (age >= WINDOW_S and window.arrivals >= MIN_ARRIVALS):
-            self._close(key, window)
-            self._windows[key] = _Window(now)
+            self._close(state)
+            state.window = _Window(now)
         return self.advice(key)
 
     def advice(self, key: str) -> Advice:
-        share = self._shares.get(key, 0.0)
-        return Advice(round(share * 1000), self._retry.get(key, 1))
+        state = self._keys.get(key)
+        if state is None:
+            return Advice(0, 1)
+        return Advice(round(state.share * 1000), state.retry_after_s)
 
     def shares(self) -> dict[str, float]:
         """Every key's current share, for /v1/stats: 0 for a key quiet past STALE_S, as
         HAProxy no longer applies its share."""
         now = self._clock()
         return {
-            key: 0.0 if now - self._last_seen.get(key, now) > STALE_S else share
-            for key, share in self._shares.items()
+            key: 0.0 if now - state.last_seen > STALE_S else state.share
+            for key, state in self._keys.items()
         }
 
-    def _close(self, key: str, window: _Window) -> None:
+    def _close(self, state: _Key) -> None:
+        window = state.window
         admitted = window.arrivals - window.refused
         wanted = self._headroom * admitted  # what admission should see of `offered`
         estimate = min(CEILING, max(0.0, 1 - wanted / window.offered))
-        old = self._shares.get(key, 0.0)
+        old = state.share
         if window.refused == 0:
             # Admission took all it saw: the demand behind the share is unknown, only that
             # it fits. Probing back up by the headroom alone would take seconds; halve.
             estimate = min(estimate, old / 2)
-        self._shares[key] = estimate if estimate < old else GAIN * estimate + (1 - GAIN) * old
+        state.share = estimate if estimate < old else GAIN * estimate + (1 - GAIN) * old
