@@ -24,6 +24,7 @@ from deployments.config import (
 from deployments.core.access.access import Tenant, estimate_tokens
 from deployments.core.admission.front_shedding import FrontShedding
 from deployments.core.admission.held_requests import HeldRequests
+from deployments.core.allocation_trace import trace_allocations
 from deployments.core.gc_policy import relax_collector
 from deployments.core.metrics.metrics import TributaryMetrics
 from deployments.core.priority import Priority
@@ -146,6 +147,7 @@ class Ingress:
         self._tasks = {"embedding": self.embed, "rerank": self.rerank, "generation": self.generate}
         if metrics is None and ray.is_initialized():  # in a replica, not a test's process
             relax_collector()
+            trace_allocations("ingress")
 
     async def reconfigure(self, user_config: dict[str, Any] | None) -> None:
         """The traffic policy (config/traffic.py): Serve calls this at start and on every

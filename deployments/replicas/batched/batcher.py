@@ -26,6 +26,7 @@ import ray
 
 from deployments.config import EncoderModelConfig
 from deployments.config.base import ModelBatching
+from deployments.core.allocation_trace import trace_allocations
 from deployments.core.batching.batch_tuner import BatchTuner
 from deployments.core.gc_policy import relax_collector
 from deployments.core.metrics.metrics import TributaryMetrics
@@ -136,6 +137,7 @@ class Batcher(Generic[JobT, OutcomeT]):
         self.warm = True
         if ray.is_initialized():
             relax_collector()
+            trace_allocations(self.name)
 
     def check_health(self) -> None:
         """Serve's health check: not healthy until the warm-up batch has run."""

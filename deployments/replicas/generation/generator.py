@@ -22,6 +22,7 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
+import ray
 import torch
 
 from deployments.backends.generation.causal_lm import CausalLM, resolve_lm_source
@@ -32,6 +33,7 @@ from deployments.backends.generation.continuous import (
 )
 from deployments.backends.generation.sampling import SamplingParams
 from deployments.config import GenerationModelConfig, GenerationQueue
+from deployments.core.allocation_trace import trace_allocations
 from deployments.core.batching.sequence_slots import SequenceSlots, SlotLimits
 from deployments.core.memory.kv_budget import KvBudget, derive
 from deployments.core.priority import ALL_PRIORITIES, Priority
@@ -74,6 +76,8 @@ class Generator:
     def __init__(self, model: dict[str, Any]) -> None:
         config = GenerationModelConfig.model_validate(model)
         self.config = config
+        if ray.is_initialized():
+            trace_allocations(f"generate-{config.name}")
         device = self.device = assigned_device()
         cache_dir = Path(config.cache_dir) if config.cache_dir else None
         path = resolve_lm_source(config.source, cache_dir)
