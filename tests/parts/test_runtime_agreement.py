@@ -14,7 +14,7 @@ import pytest
 
 from deployments.backends.encoders.cross_encoder import CrossEncoderScorer
 from deployments.backends.encoders.sentence_embedder import SAMPLE_TEXTS, SentenceEmbedder
-from deployments.backends.runtimes.build import installed
+from deployments.backends.runtimes.build import SHAPE_CACHE_ENTRIES, OpenVinoForward, installed
 from deployments.backends.runtimes.choice import min_cosine, score_correlation
 from deployments.backends.runtimes.select import RuntimeSettings, apply_runtime
 from deployments.backends.sources import resolve_model_source
@@ -111,3 +111,18 @@ def test_cross_encoder_scores_agree_with_fp32(tmp_path: Path, cache: Path, runti
     assert score_correlation(got, expected) >= 0.999
     assert np.abs(got - expected).max() < 1e-3
     assert list(np.argsort(-got)) == list(np.argsort(-expected))
+
+
+def test_openvino_keeps_a_bounded_cache_of_input_shapes(cache: Path, reference: np.ndarray) -> None:
+    """Each input shape OpenVINO meets costs ~1.5 MiB it keeps (bench/openvino_shapes.py):
+    the forward is compiled with a cache of SHAPE_CACHE_ENTRIES, and past that many shapes
+    its answers are still the model's."""
+    needs("openvino")
+    model, _ = _embedder("openvino", cache)
+    assert isinstance(model.forward, OpenVinoForward)
+    # The plugin accepted it (it refuses a property it does not know) but does not say it.
+    assert model.forward.properties["CPU_RUNTIME_CACHE_CAPACITY"] == SHAPE_CACHE_ENTRIES
+    inputs = _inputs(model)
+    for rows in range(1, SHAPE_CACHE_ENTRIES + 8):  # more shapes than the cache keeps
+        model.embed(inputs[:1] * rows)
+    assert min_cosine(model.embed(inputs), reference) >= 0.999
