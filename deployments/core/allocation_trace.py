@@ -21,6 +21,8 @@ import time
 import tracemalloc
 from pathlib import Path
 
+from deployments.core.process_status import status_kib
+
 DIRECTORY_VARIABLE = "TRIBUTARY_TRACE_ALLOCATIONS"
 EVERY_VARIABLE = "TRIBUTARY_TRACE_EVERY_S"
 FRAMES = 6  # callers kept per allocation: enough to tell who holds it
@@ -84,13 +86,8 @@ def growth_report(first: tracemalloc.Snapshot, now: tracemalloc.Snapshot, minute
 
 
 def _rss_mib() -> str:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return f"{int(line.split()[1]) / 1024:.1f}"
-    except OSError:
-        pass
-    return "?"
+    kib = status_kib("VmRSS")
+    return "?" if kib is None else f"{kib / 1024:.1f}"
 
 
 def _safe(name: str) -> str:

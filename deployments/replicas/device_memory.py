@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from deployments.core.memory.token_ceiling import TokenCeiling, gpu_allowance, probe_ceiling
+from deployments.core.process_status import status_kib
 from deployments.replicas.memory import is_memory_fault, release_cached_memory
 
 logger = logging.getLogger("ray.serve")
@@ -43,16 +44,6 @@ MIB = 2**20
 GPU_MARGIN = 0.9
 CPU_MARGIN = 0.8
 _PROC = Path("/proc/self")
-
-
-def _status_kib(field: str) -> int | None:
-    try:
-        for line in (_PROC / "status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return None
 
 
 def _meminfo_kib() -> dict[str, int]:
@@ -94,7 +85,7 @@ class DeviceMemory:
         self._base: int | None = None  # the CPU probe's RSS base (`settle`)
 
     def rss_bytes(self) -> int | None:
-        kib = _status_kib("VmRSS")
+        kib = status_kib("VmRSS")
         return None if kib is None else kib * 1024
 
     def settle(self) -> int:
@@ -117,7 +108,7 @@ class DeviceMemory:
         base = self.settle() if self._base is None else self._base
         if _reset_peak_rss():
             run()
-            peak = _status_kib("VmHWM")
+            peak = status_kib("VmHWM")
             return max((peak or 0) * 1024 - base, 0)
         run()
         return max(_lifetime_peak_bytes() - base, 0)

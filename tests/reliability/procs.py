@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.server import Server, descendants
+from deployments.core.process_status import status_kib
 
 
 def cmdline(pid: int) -> str:
@@ -16,13 +17,8 @@ def cmdline(pid: int) -> str:
 
 
 def rss_mib(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+    kib = status_kib("VmRSS", pid)
+    return None if kib is None else kib / 1024
 
 
 def find(server: Server, needle: str) -> list[int]:

@@ -169,8 +169,14 @@ SHAPE_CACHE_ENTRIES = 64
 
 
 def openvino_forward(
-    onnx_path: Path, precision: str, threads: int, streams: int = 1
+    onnx_path: Path,
+    precision: str,
+    threads: int,
+    streams: int = 1,
+    shape_cache: int | None = SHAPE_CACHE_ENTRIES,
 ) -> OpenVinoForward:
+    """`shape_cache`: the input shapes whose builds the plugin keeps; None leaves the
+    plugin's own default (bench/openvino_shapes.py compares them)."""
     import openvino as ov
 
     core = ov.Core()
@@ -178,15 +184,16 @@ def openvino_forward(
     # (~0.1 s instead of ~0.4 s to read and compile MiniLM); it keys the blob by the
     # file, the device, this config and its own version, and recompiles on a miss.
     core.set_property({"CACHE_DIR": str(onnx_path.parent / "openvino-cache")})
-    properties = {
+    properties: dict[str, Any] = {
         "INFERENCE_PRECISION_HINT": precision,
         "INFERENCE_NUM_THREADS": max(1, threads),
         # One stream per pass in flight, the threads split between them: with
         # several, each pass runs on its own cores instead of waiting for the other.
         "NUM_STREAMS": max(1, streams),
         "PERFORMANCE_HINT": "LATENCY" if streams <= 1 else "THROUGHPUT",
-        "CPU_RUNTIME_CACHE_CAPACITY": SHAPE_CACHE_ENTRIES,
     }
+    if shape_cache is not None:
+        properties["CPU_RUNTIME_CACHE_CAPACITY"] = shape_cache
     return OpenVinoForward(core.compile_model(str(onnx_path), "CPU", properties), properties)
 
 
