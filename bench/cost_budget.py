@@ -207,6 +207,8 @@ def _forward_threads(embed_pid: int, info: dict[str, Any]) -> set[int]:
         return set()
     python = set(info["threads"]["python"])
     forward = set(info["threads"].get("models") or [info["threads"]["model"]])
+    if info["threads"].get("lane"):  # the realtime lane's thread runs passes too
+        forward.add(info["threads"]["lane"])
     for tid in os.listdir(f"/proc/{embed_pid}/task"):
         with open(f"/proc/{embed_pid}/task/{tid}/comm") as comm:
             name = comm.read().strip()

@@ -47,6 +47,14 @@ class EncoderModelConfig(ModelDeploymentConfig):
         "measured at warm-up against one pass and kept on disk with the runtime's choice "
         "(one pass on a GPU).",
     )
+    realtime_lane: OutputNeutral[bool | Literal["auto"]] = Field(
+        "auto",
+        description="A thread of the replica's own (a quarter of torch_threads, at least "
+        "one) that runs a realtime batch beside the pass holding the others, instead of "
+        "after it: a pass cannot be interrupted, and a batch-class pass would otherwise "
+        "add its length to a realtime request's latency. auto: on a CPU, unless "
+        "memory_limit_mib is set; never on a GPU, whose passes queue on the card anyway.",
+    )
     runtime_min_agreement: OutputNeutral[float] = Field(
         0.999,
         gt=0,

@@ -22,6 +22,7 @@ from deployments.backends.runtimes import auto as runtime_auto
 from deployments.backends.runtimes import build as runtimes
 from deployments.backends.runtimes import cache as runtime_cache
 from deployments.backends.runtimes import choice as runtime_choice
+from deployments.backends.runtimes import lane as realtime_lane
 from deployments.backends.runtimes import passes as passes_choice
 from deployments.backends.sources import default_cache_dir
 
@@ -57,6 +58,9 @@ class RuntimeSettings:
     # How many forward passes may run at once, each on `threads // passes` threads, or
     # "auto": measured against one pass on every thread (backends/runtimes/passes.py).
     passes: int | str = 1
+    # A forward of its own for the realtime lane's thread (backends/runtimes/lane.py);
+    # "auto": on a CPU unless `fp32_only`.
+    lane: bool | str = False
 
 
 def torch_runtime(dtype: str, device: str) -> str:
@@ -76,7 +80,39 @@ def apply_runtime(
     digest = functools.cache(lambda: runtimes.graph_key(graph))
     report = _apply_runtime(model, graph, digest, device, settings, score_kind)
     passes = _apply_passes(model, graph, digest, device, settings, report["runtime"], score_kind)
-    return {**report, **passes}
+    lane = _apply_lane(model, graph, digest, device, settings, report["runtime"])
+    return {**report, **passes, **lane}
+
+
+def _apply_lane(
+    model: Runnable,
+    graph: torch.nn.Module,
+    digest: Callable[[], str],
+    device: str,
+    settings: RuntimeSettings,
+    runtime: str,
+) -> dict[str, Any]:
+    """Wraps `model.forward` in a `LaneRoutedForward` where the settings want a lane."""
+    wanted = settings.lane
+    if wanted == "auto":
+        wanted = not device.startswith("cuda") and not settings.fp32_only
+    if not wanted:
+        return {"realtime_lane": None}
+    threads = realtime_lane.lane_threads(settings.threads)
+    if runtimes.family(runtime) == "torch":
+        lane = model.forward  # torch takes the calling thread's own thread count
+    else:
+        lane = runtimes.build_forward(
+            runtime,
+            graph,
+            model.input_names,
+            device,
+            threads,
+            settings.cache_dir or default_cache_dir(),
+            digest(),
+        )
+    model.forward = realtime_lane.LaneRoutedForward(model.forward, lane, threads)
+    return {"realtime_lane": {"threads": threads}}
 
 
 def _apply_runtime(
@@ -291,4 +327,5 @@ def settings_from(config: Any, threads: int) -> RuntimeSettings:
         cache_dir=Path(config.cache_dir) if config.cache_dir else None,
         fp32_only=getattr(config, "memory_limit_mib", None) is not None,
         passes=getattr(config, "passes_in_flight", 1),
+        lane=getattr(config, "realtime_lane", False),
     )

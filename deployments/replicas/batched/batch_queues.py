@@ -39,16 +39,19 @@ class BatchQueues:
         on_batch: OnBatch,
         passes: int,
         metrics: TributaryMetrics,
+        realtime_extra: int = 0,
     ) -> None:
         """`name` labels the metrics; `passes`: batches of one class that may be formed and
-        not yet done at once (running, or waiting at the gate for a pass)."""
+        not yet done at once (running, or waiting at the gate for a pass); the realtime
+        class `realtime_extra` more (its lane)."""
         self._name = name
         self._metrics = metrics
         self.tuner = BatchTuner([p.label for p in ALL_PRIORITIES])
         self._budgets = {p: BatchBudget(1, 1) for p in ALL_PRIORITIES}
         # Serve's batch wrappers; Ray's stubs do not show their set_* methods.
         self._queues: dict[Priority, Any] = {
-            p: _serve_queue(p, on_batch, passes) for p in ALL_PRIORITIES
+            p: _serve_queue(p, on_batch, passes + (realtime_extra if p is Priority.REALTIME else 0))
+            for p in ALL_PRIORITIES
         }
         self._plans: dict[Priority, BatchPlan] = {}
         self.batching = batching

@@ -78,6 +78,8 @@ class Batcher(Generic[JobT, OutcomeT]):
             # for it where it ranks first (replicas/device_turns.py).
             threads.passes + (1 if config.device_arbiter.enabled else 0),
             self.metrics,
+            # And one realtime batch more, for the lane.
+            realtime_extra=1 if threads.has_lane else 0,
         )
         self.passes = ForwardPasses(
             config.name,

@@ -19,6 +19,7 @@ import logging
 from typing import Any
 
 from deployments.backends.encoders.sentence_embedder import SentenceEmbedder
+from deployments.backends.runtimes.lane import routed_lane
 from deployments.backends.runtimes.select import apply_runtime, settings_from
 from deployments.backends.sources import resolve_model_source
 from deployments.config import EmbeddingModelConfig
@@ -48,6 +49,9 @@ class Embedder:
             apply_runtime, self.backend, device, settings_from(config, threads.torch_threads)
         )
         threads.spread(self.runtime["passes_in_flight"])
+        lane = routed_lane(self.backend.forward)
+        if lane is not None:
+            threads.open_lane(lane.threads, lane.enter_lane)
         self.batcher: Batcher[EmbedJob, EmbedResult] = Batcher(
             config, EmbedTask(self.backend, config), threads, DeviceMemory(device), fence
         )

@@ -56,16 +56,17 @@ class ForwardPasses:
         self._counters = counters
         self._memory = memory
         self._metrics = metrics
-        self.gate = PriorityGate({}, capacity=threads.passes)
+        self.gate = PriorityGate({}, capacity=threads.passes, lane=threads.has_lane)
         self.busy = BusyShare(lanes=threads.passes)
         self.turns: ReplicaTurns | None = None  # set once the replica opens its device's
 
     async def run(self, priority: Priority, items: list[Any]) -> list[Any]:
         """One batch of the class: per item its result, a `Dropped`, or the exception it
         failed with."""
-        async with self.gate.turn(priority):
-            if self.turns is None:
-                return await self._run_live(priority, items)
+        async with self.gate.turn(priority) as lane:
+            # The lane runs beside the pass holding the device: it takes no device turn.
+            if lane or self.turns is None:
+                return await self._run_live(priority, items, lane)
             # Then the device's turn, shared with other models' replicas: the most
             # urgent pass on the device goes first (replicas/device_turns.py).
             # Behind this pass wait the replica's other batches: its turn is asked for at
@@ -96,8 +97,11 @@ class ForwardPasses:
                 due = min(due, state.began + target)
         return due
 
-    async def _run_live(self, priority: Priority, items: list[Any]) -> list[Any]:
-        """The pass itself, on a model thread, over the items still wanted."""
+    async def _run_live(
+        self, priority: Priority, items: list[Any], lane: bool = False
+    ) -> list[Any]:
+        """The pass itself, on a model thread (the lane's where `lane`), over the items
+        still wanted."""
         # One loop turn first: a cancel or a forget note that arrived during the last
         # forward pass (or the wait for the device) is queued on this loop, and must
         # land before we decide.
@@ -108,14 +112,15 @@ class ForwardPasses:
         results: list[Any] = []
         if live:
             results, report = await self._threads.run(
-                run_split, live, self._compute, is_memory_fault, release_cached_memory
+                run_split, live, self._compute, is_memory_fault, release_cached_memory, lane=lane
             )
-            self.busy.ran(time.monotonic() - started)
+            if not lane:  # the lane is not a pass slot: autoscaling reads the slots' share
+                self.busy.ran(time.monotonic() - started)
             self._counters.ran(priority, len(live))
             if report.faults:
                 self._memory_faulted(priority, live, report)
             else:
-                self._measure(priority, live, started)
+                self._measure(priority, live, started, lane)
         computed = iter(results)
         return [mark if mark is not None else next(computed) for mark in marks]
 
@@ -141,7 +146,9 @@ class ForwardPasses:
             self._tuner.backoff.cap,
         )
 
-    def _measure(self, priority: Priority, live: list[BatchItem], started: float) -> None:
+    def _measure(
+        self, priority: Priority, live: list[BatchItem], started: float, lane: bool = False
+    ) -> None:
         # One state per job in the batch (its items arrived together): one queue wait each.
         states = {id(item.state): item.state for item in live}
         padded_tokens = len(live) * max(item.tokens for item in live)
@@ -154,7 +161,8 @@ class ForwardPasses:
             inference_s=inference_s,
             queue_waits_s=[started - state.arrived for state in states.values()],
         )
-        self._tuner.ran(priority.label, len(live), padded_tokens, inference_s)
+        if not lane:  # the cost model is of the main threads' passes
+            self._tuner.ran(priority.label, len(live), padded_tokens, inference_s)
         ended = time.monotonic()
         # From the ingress's arrival, not this replica's: a target is the client's, and
         # under load the ingress's queue is part of what it waits. (The hop here is not:

@@ -5,6 +5,10 @@ loop keeps accepting and batching while the model works.
 One thread runs one pass at a time. A runtime built to run passes side by side (its
 `passes_in_flight`) gets as many threads, sharing the torch threads between them (`spread`).
 Torch's thread count is per OS thread, so each thread sets its own as it starts.
+
+A replica with a realtime lane (core/batching/priority_gate.py) has one thread more, with
+few torch threads of its own, that runs only the realtime batches which find every other
+thread busy; it calls the runtime's lane forward (backends/runtimes/lane.py).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ class ModelThreads:
         self.passes = 1  # forward passes that may run side by side
         self.native_ids: list[int] = []  # of the model threads, as they start
         self._executor = self._start(1, self.torch_threads)
+        self._lane: ThreadPoolExecutor | None = None
+        self.lane_native_id: int | None = None
 
     def _start(self, workers: int, torch_threads: int) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(
@@ -42,9 +48,28 @@ class ModelThreads:
         """`fn` on a model thread, waited for: the start-up work, before any request."""
         return self._executor.submit(fn, *args, **kwargs).result()
 
-    async def run(self, fn: Callable[..., R], *args: Any) -> R:
-        """`fn` on a model thread while the event loop goes on: a forward pass."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+    async def run(self, fn: Callable[..., R], *args: Any, lane: bool = False) -> R:
+        """`fn` on a model thread while the event loop goes on: a forward pass; on the
+        realtime lane's thread where `lane`."""
+        executor = self._lane if lane and self._lane is not None else self._executor
+        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
+    @property
+    def has_lane(self) -> bool:
+        return self._lane is not None
+
+    def open_lane(self, torch_threads: int, on_start: Callable[[], None]) -> None:
+        """Starts the realtime lane's thread, with `torch_threads` of torch's; `on_start`
+        runs on it first (it points the thread at the lane's forward)."""
+
+        def starts() -> None:
+            torch.set_num_threads(max(1, torch_threads))
+            self.lane_native_id = threading.get_native_id()
+            on_start()
+
+        self._lane = ThreadPoolExecutor(max_workers=1, initializer=starts)
+        # Started now, so that a broken lane fails the replica's start, not a request.
+        self._lane.submit(lambda: None).result()
 
     def spread(self, passes: int) -> None:
         """After the runtime is built for `passes` at once: as many model threads, sharing
@@ -63,5 +88,6 @@ class ModelThreads:
         return {
             "model": self.native_ids[0] if self.native_ids else None,
             "models": list(self.native_ids),
+            "lane": self.lane_native_id,
             "python": sorted(t.native_id for t in threading.enumerate() if t.native_id),
         }

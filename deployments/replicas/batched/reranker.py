@@ -14,6 +14,7 @@ from deployments.backends.encoders.bi_encoder import BiEncoderScorer
 from deployments.backends.encoders.cross_encoder import CrossEncoderScorer
 from deployments.backends.encoders.pair_scorer import PairScorer
 from deployments.backends.encoders.sentence_embedder import SentenceEmbedder
+from deployments.backends.runtimes.lane import routed_lane
 from deployments.backends.runtimes.select import apply_runtime, settings_from
 from deployments.backends.sources import resolve_model_source
 from deployments.config import RerankModelConfig
@@ -44,6 +45,11 @@ def load_scorer(
     return BiEncoderScorer(embedder), apply_runtime(embedder, device, settings)
 
 
+def _runnable(scorer: PairScorer) -> object:
+    """What holds the forward pass: a bi-encoder's embedder, or the cross-encoder itself."""
+    return scorer.embedder if isinstance(scorer, BiEncoderScorer) else scorer
+
+
 class Reranker:
     def __init__(self, model: dict[str, Any]) -> None:
         config = RerankModelConfig.model_validate(model)
@@ -55,6 +61,9 @@ class Reranker:
             load_scorer, config, device, threads.torch_threads
         )
         threads.spread(self.runtime["passes_in_flight"])
+        lane = routed_lane(getattr(_runnable(self.backend), "forward", None))
+        if lane is not None:
+            threads.open_lane(lane.threads, lane.enter_lane)
         self.batcher: Batcher[RerankJob, RerankResult] = Batcher(
             config, RerankTask(self.backend, config), threads, DeviceMemory(device), fence
         )

@@ -1,0 +1,97 @@
+"""The realtime lane: one more slot, for a realtime batch only, when the others are held."""
+
+import asyncio
+
+from deployments.core.batching.priority_gate import PriorityGate
+from deployments.core.priority import Priority
+from tests.fakes import Clock
+
+RT, NORMAL, BATCH = Priority.REALTIME, Priority.NORMAL, Priority.BATCH
+
+
+def laned() -> PriorityGate:
+    return PriorityGate({RT: None, NORMAL: None, BATCH: 1.0}, clock=Clock(), lane=True)
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_a_realtime_batch_takes_the_free_slot_before_the_lane() -> None:
+    gate = laned()
+    assert await gate.acquire(RT) is False  # the main threads are free: it gets them
+    assert gate.stats.busy and not gate.stats.lane_busy
+
+
+async def test_a_realtime_batch_runs_in_the_lane_beside_a_batch_class_pass() -> None:
+    gate = laned()
+    await gate.acquire(BATCH)
+    assert await gate.acquire(RT) is True  # at once, not after the batch pass
+    stats = gate.stats
+    assert stats.lane_busy and stats.lane_turns == 1
+    assert stats.turns == {"realtime": 1, "normal": 0, "batch": 1}
+    gate.release(lane=True)
+    assert not gate.stats.lane_busy and gate.stats.busy  # the batch pass still runs
+
+
+async def test_only_realtime_takes_the_lane() -> None:
+    gate = laned()
+    await gate.acquire(BATCH)
+    normal = asyncio.create_task(gate.acquire(NORMAL))
+    await settle()
+    assert not normal.done() and not gate.stats.lane_busy
+    gate.release()
+    assert await normal is False
+
+
+async def test_a_second_realtime_batch_waits_for_whichever_slot_frees_first() -> None:
+    gate = laned()
+    await gate.acquire(BATCH)
+    assert await gate.acquire(RT) is True
+    second = asyncio.create_task(gate.acquire(RT))
+    await settle()
+    assert not second.done()
+    assert gate.stats.waiting["realtime"] == 1
+    gate.release(lane=True)  # the lane frees first
+    assert await second is True
+    third = asyncio.create_task(gate.acquire(RT))
+    await settle()
+    gate.release()  # now the batch pass ends: the main slot goes to the waiting one
+    assert await third is False
+    assert gate.stats.lane_busy and gate.stats.running == 1
+
+
+async def test_a_batch_waiting_behind_the_lane_still_gets_the_main_slot() -> None:
+    gate = laned()
+    await gate.acquire(NORMAL)
+    assert await gate.acquire(RT) is True
+    batch = asyncio.create_task(gate.acquire(BATCH))
+    await settle()
+    gate.release()  # the normal pass ends; the lane is not the batch class's
+    assert await batch is False
+    assert gate.stats.lane_busy
+
+
+async def test_a_cancelled_lane_waiter_frees_nothing_it_did_not_hold() -> None:
+    gate = laned()
+    await gate.acquire(BATCH)
+    await gate.acquire(RT)  # the lane
+    waiter = asyncio.create_task(gate.acquire(RT))
+    await settle()
+    waiter.cancel()
+    await settle()
+    assert waiter.cancelled()
+    gate.release(lane=True)
+    assert not gate.stats.lane_busy
+    assert gate.stats.waiting["realtime"] == 0 and gate.stats.running == 1
+
+
+async def test_without_a_lane_realtime_waits_for_the_pass() -> None:
+    gate = PriorityGate({RT: None, NORMAL: None, BATCH: 1.0}, clock=Clock())
+    await gate.acquire(BATCH)
+    realtime = asyncio.create_task(gate.acquire(RT))
+    await settle()
+    assert not realtime.done() and not gate.stats.lane
+    gate.release()
+    assert await realtime is False
