@@ -76,13 +76,15 @@ class ReplicaTurns:
         next_pass: NextPass | None = None,
         behind: Callable[[], Priority | None] | None = None,
         nudge: asyncio.Event | None = None,
+        taken: Turn | None = None,
     ) -> AsyncIterator[None]:
         """Holds the device for one forward pass of the class; waits on the loop. With
         `next_pass`, a replica whose next pass is ready when this one ends keeps the
         device for it where that pass ranks first. `behind`: the most urgent class
         waiting in the replica behind this pass (looked at again when `nudge` is set):
-        the turn is asked for at that class where it is higher."""
-        turn = self._take_kept(priority)
+        the turn is asked for at that class where it is higher. `taken`: a turn
+        `take_now` already got for this pass."""
+        turn = taken or self._take_kept(priority)
         if turn is None:
             inherit = None if behind is None else lambda: _klass(behind())
             turn = await self.turns.acquire(int(priority), urgent_at, inherit, nudge)
@@ -94,6 +96,18 @@ class ReplicaTurns:
                 self._give_back(turn)
             else:
                 asyncio.get_running_loop().call_later(KEPT_LEASE_S, self._drop_kept, turn)
+
+    def take_now(self, priority: Priority, urgent_at: float = math.inf) -> Turn | None:
+        """A turn if the device has one free this moment (or kept one for this replica),
+        for `turn(taken=...)`; else None, and nothing is left waiting in the table."""
+        turn = self._take_kept(priority)
+        if turn is not None:
+            return turn
+        turn, granted = self.turns.try_acquire(int(priority), urgent_at)
+        if granted:
+            return turn
+        self.turns.withdraw(turn)
+        return None
 
     def before_step(self, priority: Priority) -> None:
         """On the engine's thread, before a step: waits there for the turn."""

@@ -161,8 +161,10 @@ def test_an_expired_request_gets_504_and_the_model_never_computes_it(server: Ser
                 server,
                 "too late",
                 # Long enough to reach the replica, short of the rest of the long passes.
+                # The batch class: a realtime one would run beside them in the realtime
+                # lane (test_realtime_lane_served.py).
                 **{
-                    "X-Priority": "realtime",
+                    "X-Priority": "batch",
                     "X-Request-Timeout": f"{0.4 * pass_s:.3f}",
                     "X-Request-ID": request_id,
                 },
@@ -172,7 +174,7 @@ def test_an_expired_request_gets_504_and_the_model_never_computes_it(server: Ser
     late, long_done = asyncio.run(run())
     assert long_done.status_code == 200
     assert late.status_code == 504 and late.json()["error"]["code"] == "deadline_exceeded"
-    # The realtime call reached the replica and waited at the gate behind the long passes;
+    # The batch-class call reached the replica and waited at the gate behind the long passes;
     # when its turn came it was out of time and was dropped instead of computed.
     assert drop_reason(server, request_id) == "expired"
     replica = stats(server)["replica"]

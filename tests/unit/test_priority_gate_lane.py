@@ -2,6 +2,8 @@
 
 import asyncio
 
+import pytest
+
 from deployments.core.batching.priority_gate import PriorityGate
 from deployments.core.priority import Priority
 from tests.fakes import Clock
@@ -95,3 +97,27 @@ async def test_without_a_lane_realtime_waits_for_the_pass() -> None:
     assert not realtime.done() and not gate.stats.lane
     gate.release()
     assert await realtime is False
+
+
+async def test_a_realtime_batch_moves_to_the_lane_and_frees_its_slot_for_the_next() -> None:
+    gate = laned()
+    assert await gate.acquire(RT) is False
+    batch = asyncio.create_task(gate.acquire(BATCH))
+    await settle()
+    assert not batch.done()
+    gate.move_to_lane()  # its pass would wait for the device: beside it instead
+    assert await batch is False  # the slot it left went on at once
+    assert gate.stats.lane_busy and gate.stats.lane_turns == 1
+    assert gate.stats.turns["realtime"] == 1  # one batch, one turn
+    gate.release(lane=True)
+    gate.release()
+    assert not gate.stats.lane_busy and gate.stats.running == 0
+
+
+async def test_moving_to_a_busy_lane_is_refused() -> None:
+    gate = laned()
+    await gate.acquire(BATCH)
+    await gate.acquire(RT)  # the lane
+    assert not gate.lane_free
+    with pytest.raises(RuntimeError):
+        gate.move_to_lane()

@@ -103,3 +103,27 @@ def test_on_a_gpu_auto_lets_several_passes_share_the_card(monkeypatch: pytest.Mo
     assert (report["capacity"], report["weight"]) == (device_turns.GPU_PASSES_AT_ONCE, 1)
     assert str(report["table"]).endswith("-gpu0.turns")
     turns.close()
+
+
+def test_take_now_gets_a_free_turn_and_leaves_nothing_waiting_when_the_device_is_held() -> None:
+    # Two replicas of one table (the same process stands in for both), one pass at a time.
+    holder = open_turns(config(passes_at_once=1), "cpu", 2, 1, TributaryMetrics())
+    other = open_turns(config(passes_at_once=1), "cpu", 2, 1, TributaryMetrics())
+    assert holder is not None and other is not None
+    first = other.take_now(Priority.REALTIME)
+    assert first is not None  # a free device: granted at once
+
+    async def after(taken: object) -> None:
+        async with other.turn(Priority.REALTIME, taken=taken):  # type: ignore[arg-type]
+            pass
+
+    asyncio.run(after(first))  # the taken turn is the pass's, and is given back
+    busy = holder.turns.acquire_blocking(int(Priority.BATCH))
+    assert other.take_now(Priority.REALTIME) is None  # held by another pass: no wait
+    assert other.report()["waiting"] == 0
+    holder.turns.release(busy)
+    again = other.take_now(Priority.REALTIME)
+    assert again is not None
+    other.turns.release(again)
+    holder.close()
+    other.close()

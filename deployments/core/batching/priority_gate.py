@@ -133,6 +133,20 @@ class PriorityGate:
             raise
         return turn.lane
 
+    @property
+    def lane_free(self) -> bool:
+        return self._lane_open_to(Priority.REALTIME)
+
+    def move_to_lane(self) -> None:
+        """A realtime batch that holds an ordinary slot takes the free lane instead (its
+        pass would have to wait for the device there); the slot goes to the next batch."""
+        if not self.lane_free:
+            raise RuntimeError("the realtime lane is not free")
+        self._lane_busy = True
+        self._lane_turns += 1
+        self._running -= 1
+        self._grant_next()
+
     def release(self, lane: bool = False) -> None:
         if lane:
             self._lane_busy = False

@@ -63,22 +63,36 @@ class ForwardPasses:
     async def run(self, priority: Priority, items: list[Any]) -> list[Any]:
         """One batch of the class: per item its result, a `Dropped`, or the exception it
         failed with."""
-        async with self.gate.turn(priority) as lane:
+        lane = await self.gate.acquire(priority)
+        try:
             # The lane runs beside the pass holding the device: it takes no device turn.
             if lane or self.turns is None:
                 return await self._run_live(priority, items, lane)
+            urgent_at = self._urgent_at(priority, items)
+            taken = None
+            if priority is Priority.REALTIME and self.gate.lane_free:
+                taken = self.turns.take_now(priority, urgent_at)
+                if taken is None:
+                    # Another model's pass holds the device: beside it in the lane, rather
+                    # than after it.
+                    self.gate.move_to_lane()
+                    lane = True
+                    return await self._run_live(priority, items, lane)
             # Then the device's turn, shared with other models' replicas: the most
             # urgent pass on the device goes first (replicas/device_turns.py).
             # Behind this pass wait the replica's other batches: its turn is asked for at
             # the most urgent one's class, as they can run only after it.
             async with self.turns.turn(
                 priority,
-                self._urgent_at(priority, items),
+                urgent_at,
                 self._next_pass,
                 behind=self.gate.most_urgent_waiting,
                 nudge=self.gate.waiter_came,
+                taken=taken,
             ):
                 return await self._run_live(priority, items)
+        finally:
+            self.gate.release(lane)
 
     def _next_pass(self) -> tuple[Priority, float] | None:
         """This replica's next batch, ready at the gate as a pass ends: the device may be
