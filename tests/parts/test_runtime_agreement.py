@@ -7,6 +7,7 @@ them, so `make test` checks them all.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from deployments.backends.encoders.cross_encoder import CrossEncoderScorer
 from deployments.backends.encoders.sentence_embedder import SAMPLE_TEXTS, SentenceEmbedder
 from deployments.backends.runtimes.build import SHAPE_CACHE_ENTRIES, OpenVinoForward, installed
 from deployments.backends.runtimes.choice import min_cosine, score_correlation
+from deployments.backends.runtimes.lane import routed_lane
 from deployments.backends.runtimes.select import RuntimeSettings, apply_runtime
 from deployments.backends.sources import resolve_model_source
 from tests.tiny_models import build_tiny_cross_encoder
@@ -126,3 +128,36 @@ def test_openvino_keeps_a_bounded_cache_of_input_shapes(cache: Path, reference: 
     for rows in range(1, SHAPE_CACHE_ENTRIES + 8):  # more shapes than the cache keeps
         model.embed(inputs[:1] * rows)
     assert min_cosine(model.embed(inputs), reference) >= 0.999
+
+
+@pytest.mark.parametrize("runtime", ["openvino", "torch-fp32"])
+def test_the_realtime_lane_has_a_forward_of_its_own_that_agrees(
+    runtime: str, cache: Path, reference: np.ndarray
+) -> None:
+    needs(runtime)
+    model = SentenceEmbedder(resolve_model_source(MINILM))
+    report = apply_runtime(
+        model, "cpu", RuntimeSettings(runtime=runtime, threads=2, cache_dir=cache, lane="auto")
+    )
+    assert report["realtime_lane"] == {"threads": 1}
+    routed = routed_lane(model.forward)
+    assert routed is not None
+    if runtime == "openvino":
+        # A second compiled model: the main one, with one stream, queues a second caller.
+        assert isinstance(routed.lane, OpenVinoForward) and routed.lane is not routed.main
+        assert routed.lane.properties["INFERENCE_NUM_THREADS"] == 1
+    else:
+        assert routed.lane is routed.main  # torch: the module, at the lane thread's count
+    with ThreadPoolExecutor(1, initializer=routed.enter_lane) as lane:
+        beside = lane.submit(model.embed, _inputs(model)).result()
+    assert min_cosine(beside, reference) >= 0.999
+
+
+def test_no_lane_when_off_or_under_a_memory_limit(cache: Path) -> None:
+    for lane, fp32_only in ((False, False), ("auto", True)):
+        settings = RuntimeSettings(
+            runtime="torch-fp32", threads=2, cache_dir=cache, lane=lane, fp32_only=fp32_only
+        )
+        model = SentenceEmbedder(resolve_model_source(MINILM))
+        assert apply_runtime(model, "cpu", settings)["realtime_lane"] is None
+        assert routed_lane(model.forward) is None

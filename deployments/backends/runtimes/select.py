@@ -99,18 +99,7 @@ def _apply_lane(
     if not wanted:
         return {"realtime_lane": None}
     threads = realtime_lane.lane_threads(settings.threads)
-    if runtimes.family(runtime) == "torch":
-        lane = model.forward  # torch takes the calling thread's own thread count
-    else:
-        lane = runtimes.build_forward(
-            runtime,
-            graph,
-            model.input_names,
-            device,
-            threads,
-            settings.cache_dir or default_cache_dir(),
-            digest(),
-        )
+    lane = _forward_for(model, graph, digest, device, settings, runtime, 1, threads)
     model.forward = realtime_lane.LaneRoutedForward(model.forward, lane, threads)
     return {"realtime_lane": {"threads": threads}}
 
@@ -280,9 +269,11 @@ def _forward_for(
     settings: RuntimeSettings,
     runtime: str,
     passes: int,
+    threads: int | None = None,
 ) -> runtimes.Forward:
-    """The forward for `passes` at once: torch's is the model's own (each calling thread
-    sets its thread count); the others are built with a stream per pass."""
+    """The forward for `passes` at once on `threads` (default: the settings'): torch's is
+    the model's own (each calling thread sets its thread count); the others are built
+    with a stream per pass."""
     if runtimes.family(runtime) == "torch":
         return model.forward
     cache_dir = settings.cache_dir or default_cache_dir()
@@ -291,7 +282,7 @@ def _forward_for(
         graph,
         model.input_names,
         device,
-        settings.threads,
+        settings.threads if threads is None else threads,
         cache_dir,
         digest(),
         streams=passes,
