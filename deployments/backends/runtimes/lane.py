@@ -11,8 +11,8 @@ the main one everywhere else: the tasks call `forward` as before.
 
 Measured on a 2-core Xeon, MiniLM on OpenVINO f32 (single texts every 30 ms while 49-text
 passes ran back to back): a single text took p50 / p99 102 / 279 ms waiting its turn behind
-the pass, 9.4 / 22 ms on a one-thread lane beside it, and the passes lost under a tenth of
-their texts a second.
+the pass, 9.4 / 22 ms on a one-thread lane beside it; the passes lost 7 % of their texts a
+second in that run, 26 % in a second one on a slower moment (docs/backends.md).
 """
 
 from __future__ import annotations
