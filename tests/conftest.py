@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.hang_watchdog"]
+
 FOLDER_MARKERS = {"unit", "integration", "parts", "serve", "cluster"}
 
 
