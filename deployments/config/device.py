@@ -38,7 +38,10 @@ class DeviceArbiterConfig(StrictModel):
     share_window_s: float = Field(
         2.0,
         gt=0,
-        description="Time constant of the recent busy time that `min_share` is measured over.",
+        description=(
+            "Time constant of the recent busy time that shares are measured over: "
+            "`min_share`, and the order between passes otherwise equal."
+        ),
     )
 
 

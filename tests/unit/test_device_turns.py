@@ -50,6 +50,18 @@ def test_class_goes_before_model_priority_and_priority_before_the_clock() -> Non
     assert next_waiter([waiter(6, since=2.0), first_come], {}) == first_come
 
 
+def test_between_equals_the_smaller_share_goes_first_then_the_first_come() -> None:
+    long_passes = waiter(0, since=1.0)
+    short_steps = waiter(1, since=2.0)
+    assert next_waiter([long_passes, short_steps], {0: 0.7, 1: 0.3}) == short_steps
+    assert next_waiter([long_passes, short_steps], {0: 0.5, 1: 0.5}) == long_passes
+    # Share comes after class, priority and a near deadline.
+    urgent = waiter(2, urgent_at=5.0)
+    assert next_waiter([urgent, short_steps], {2: 0.9, 1: 0.1}) == urgent
+    favoured = waiter(3, priority=1)
+    assert next_waiter([favoured, short_steps], {3: 0.9, 1: 0.1}) == favoured
+
+
 def test_a_model_below_its_min_share_goes_first_whatever_its_class() -> None:
     starved = waiter(0, klass=BATCH, min_share=0.1)
     realtime = waiter(1, klass=REALTIME)

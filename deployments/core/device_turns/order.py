@@ -2,15 +2,20 @@
 
 The most urgent pass goes first: request class first (realtime, normal, batch), then the
 model's `priority` (higher first), then the clock (the earliest time a batch's deadline or
-latency target falls due), then whoever has waited longest. Ageing by share: a waiting
+latency target falls due), then the model with the smaller recent share of the device, then
+whoever has waited longest. Ageing by share: a waiting
 model whose recent share of the device is below its `min_share` goes before all of that,
 so a model of low priority or a low class slows down under load but never starves.
 
 The clock counts only within `URGENT_WITHIN_S`: a deadline minutes away says nothing about
 which pass should run now, and ranking by it would let any batch with a default deadline
 pass, for ever, one without (an LLM step) or one whose requests came earlier and so fall due
-earlier (the long-lived sequences of an LLM against a stream of short reranks). Beyond it,
-first come, first served.
+earlier (the long-lived sequences of an LLM against a stream of short reranks).
+
+Between equals the share decides, not the order of arrival: taking turns pass by pass gives
+each model the device in proportion to how long its passes are, and a flood of rerank passes
+held it 73 % of the time against an LLM's shorter steps (docs/benchmarks.md). By share,
+equals get equal time, as the cores would give them without turns.
 """
 
 from __future__ import annotations
@@ -45,13 +50,14 @@ def owed(waiter: Waiter, shares: Mapping[int, float]) -> bool:
     return waiter.min_share > 0 and shares.get(waiter.model_key, 0.0) < waiter.min_share
 
 
-def rank(waiter: Waiter, shares: Mapping[int, float]) -> tuple[bool, int, int, float, float]:
+def rank(waiter: Waiter, shares: Mapping[int, float]) -> tuple[bool, int, int, float, float, float]:
     """Smaller goes first."""
     return (
         not owed(waiter, shares),
         waiter.klass,
         -waiter.priority,
         waiter.urgent_at,
+        shares.get(waiter.model_key, 0.0),
         waiter.since,
     )
 
