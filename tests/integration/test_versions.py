@@ -120,7 +120,10 @@ async def test_weights_split_traffic_and_sessions_stick(versions: Any) -> None:
     for i in range(600):
         response = await client.post("/v1/embeddings", json=embed(f"t{i}"))
         seen[response.headers["x-model-version"]] += 1
-    assert abs(seen["2"] / 600 - 0.30) < 0.07
+    # Unkeyed callers are drawn at random (unseeded): 600 draws at 30 % spread with a
+    # standard deviation of 1.9 points. +-7 points failed about 1 run in 5,000; +-10
+    # (5.3 deviations) fails about 1 in 8 million and still tells 70/30 from 50/50.
+    assert abs(seen["2"] / 600 - 0.30) < 0.10
     session = {"X-Session-ID": "abc"}
     answers = {
         (await client.post("/v1/embeddings", json=embed(f"s{i}"), headers=session)).headers[

@@ -65,7 +65,11 @@ def test_a_failing_inner_recorder_does_not_stop_the_flushing() -> None:
     inner = Flaky()
     buffered = BufferedRecorder(inner, flush_every_s=0.02)
     buffered.record(QUEUE_DEPTH, 1, {"model": "m", "priority": "batch"})
-    time.sleep(0.1)
+    # Until the flush that fails has run: a gauge keeps its last value, so a 3 recorded
+    # before it would be the value that fails, and nothing would be left to hand on.
+    deadline = time.monotonic() + 5
+    while not inner.failed and time.monotonic() < deadline:
+        time.sleep(0.01)
     buffered.record(QUEUE_DEPTH, 3, {"model": "m", "priority": "batch"})
     _wait_for_a_record(inner)
     assert inner.values(QUEUE_DEPTH, priority="batch") == [3]
