@@ -10,7 +10,9 @@ the upload excluded; --baseline-seconds first measures the served 8 clients x 32
 throughput it is compared with. With --realtime, a closed loop of single-text realtime requests runs
 first alone, then while a second batch of the same size runs; their p99 is compared (the
 batch must outlast the window: `batch_status_after` says whether it did; the second batch
-is cancelled afterwards).
+is cancelled afterwards). A closed loop's p99 alone moves by tens of percent from one window
+to the next on a shared machine, so --rounds N alternates the two N times (alone, then during a
+fresh batch) and reports each round and the medians: the ratio is the median of the rounds'.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -150,6 +153,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--realtime", action="store_true", help="also realtime p99 alone/during")
     parser.add_argument("--realtime-seconds", type=float, default=20.0)
     parser.add_argument("--realtime-clients", type=int, default=1)
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="alone/during windows, alternated this many times"
+    )
     args = parser.parse_args(argv)
     client = BatchClient(args.url, args.key)
     report: dict[str, Any] = {"texts": args.texts, "texts_per_line": args.texts_per_line}
@@ -169,17 +175,72 @@ def main(argv: list[str] | None = None) -> None:
         if args.baseline_seconds > 0 and report["batch"]["texts_per_s"]:
             report["batch_vs_served"] = round(report["batch"]["texts_per_s"] / baseline, 2)
         if args.realtime:
-            during_id = start_batch(client, path)
-            wait_started(client, during_id)
-            during = realtime_loop(
+            during = realtime_during(client, path, args)
+            report["realtime_during_batch"] = during
+            report["p99_ratio"] = round(during["p99_ms"] / alone.p99_ms, 2)
+            if args.rounds > 1:
+                report["rounds"] = realtime_rounds(
+                    client, path, args, first=(report["realtime_alone"], during)
+                )
+    print(json.dumps(report, indent=2))
+
+
+def realtime_during(client: BatchClient, path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The realtime loop while a fresh batch runs; the batch is cancelled afterwards."""
+    during_id = start_batch(client, path)
+    wait_started(client, during_id)
+    before = client.json("GET", f"/v1/batches/{during_id}")["request_counts"]["completed"]
+    started = time.monotonic()
+    during = realtime_loop(
+        args.url, args.key, args.model, args.realtime_seconds, args.realtime_clients
+    )
+    batch = client.json("GET", f"/v1/batches/{during_id}")
+    lines_per_s = (batch["request_counts"]["completed"] - before) / (time.monotonic() - started)
+    client.json("POST", f"/v1/batches/{during_id}/cancel")
+    wait_done(client, during_id)
+    return {
+        **_latency(during),
+        "batch_status_after": batch["status"],
+        # What the batch still did beside the realtime client: the price of yielding to it.
+        "batch_texts_per_s": round(lines_per_s * args.texts_per_line, 1),
+    }
+
+
+def realtime_rounds(
+    client: BatchClient,
+    path: Path,
+    args: argparse.Namespace,
+    first: tuple[dict[str, Any], dict[str, Any]],
+) -> dict[str, Any]:
+    """Alone and during, alternated: the first pair is the run above, each later pair a fresh
+    alone window and a fresh batch."""
+    pairs = [first]
+    for _ in range(args.rounds - 1):
+        alone = _latency(
+            realtime_loop(
                 args.url, args.key, args.model, args.realtime_seconds, args.realtime_clients
             )
-            still = client.json("GET", f"/v1/batches/{during_id}")["status"]
-            report["realtime_during_batch"] = {**_latency(during), "batch_status_after": still}
-            report["p99_ratio"] = round(during.p99_ms / alone.p99_ms, 2)
-            client.json("POST", f"/v1/batches/{during_id}/cancel")
-            wait_done(client, during_id)
-    print(json.dumps(report, indent=2))
+        )
+        pairs.append((alone, realtime_during(client, path, args)))
+    ratios = [during["p99_ms"] / alone["p99_ms"] for alone, during in pairs]
+    return {
+        "each": [
+            {
+                "alone_p50_p99_ms": _pair(alone),
+                "during_p50_p99_ms": _pair(during),
+                "batch_texts_per_s_during": during["batch_texts_per_s"],
+            }
+            for alone, during in pairs
+        ],
+        "p99_ratios": [round(r, 2) for r in ratios],
+        "median_alone_p99_ms": round(statistics.median(a["p99_ms"] for a, _ in pairs), 2),
+        "median_during_p99_ms": round(statistics.median(d["p99_ms"] for _, d in pairs), 2),
+        "median_p99_ratio": round(statistics.median(ratios), 2),
+    }
+
+
+def _pair(latency: dict[str, Any]) -> list[float]:
+    return [latency["p50_ms"], latency["p99_ms"]]
 
 
 def _latency(result: LoadResult) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from deployments.core.protocol import (
     RerankResult,
 )
 from deployments.core.rollout.traffic import split_pin
+from deployments.core.thread_switch import shorten_thread_switch
 from deployments.errors import InvalidRequest, ModelNotFound, rejection_error
 from deployments.ingress.access.gate import AccessGate
 from deployments.ingress.api.dialects import Dialect
@@ -147,6 +148,7 @@ class Ingress:
         self._tasks = {"embedding": self.embed, "rerank": self.rerank, "generation": self.generate}
         if metrics is None and ray.is_initialized():  # in a replica, not a test's process
             relax_collector()
+            shorten_thread_switch()
             trace_allocations("ingress")
 
     async def reconfigure(self, user_config: dict[str, Any] | None) -> None:

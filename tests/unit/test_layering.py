@@ -40,7 +40,7 @@ RANKS: dict[str, tuple[int, str]] = {
 SUB_RANKS: dict[str, dict[str, int]] = {
     "deployments.core": {
         # Shared by both processes: the protocol, priority, chunking, relevance, keys of
-        # generations, the collector policy.
+        # generations, the collector policy and the GIL's switch interval.
         "": 0,
         # The ingress's policies.
         "access": 1,

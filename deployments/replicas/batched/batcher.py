@@ -32,6 +32,7 @@ from deployments.core.gc_policy import relax_collector
 from deployments.core.metrics.metrics import TributaryMetrics
 from deployments.core.priority import ALL_PRIORITIES
 from deployments.core.protocol import BatchJob, JobCall, Rejection
+from deployments.core.thread_switch import shorten_thread_switch
 from deployments.metrics import build_metrics
 from deployments.replicas.batched.batch_queues import BatchQueues
 from deployments.replicas.batched.batched_jobs import JobState, JobTask, run_jobs
@@ -139,6 +140,7 @@ class Batcher(Generic[JobT, OutcomeT]):
         self.warm = True
         if ray.is_initialized():
             relax_collector()
+            shorten_thread_switch()
             trace_allocations(self.name)
 
     def check_health(self) -> None:
