@@ -24,8 +24,6 @@ from deployments.config import (
 from deployments.core.access.access import Tenant, estimate_tokens
 from deployments.core.admission.front_shedding import FrontShedding
 from deployments.core.admission.held_requests import HeldRequests
-from deployments.core.allocation_trace import trace_allocations
-from deployments.core.gc_policy import relax_collector
 from deployments.core.metrics.metrics import TributaryMetrics
 from deployments.core.priority import Priority
 from deployments.core.protocol import (
@@ -44,7 +42,7 @@ from deployments.core.protocol import (
     RerankResult,
 )
 from deployments.core.rollout.traffic import split_pin
-from deployments.core.thread_switch import shorten_thread_switch
+from deployments.core.serving_process import tune_serving_process
 from deployments.errors import InvalidRequest, ModelNotFound, rejection_error
 from deployments.ingress.access.gate import AccessGate
 from deployments.ingress.api.dialects import Dialect
@@ -147,9 +145,7 @@ class Ingress:
         self.gate.warn_if_open_to_the_network()
         self._tasks = {"embedding": self.embed, "rerank": self.rerank, "generation": self.generate}
         if metrics is None and ray.is_initialized():  # in a replica, not a test's process
-            relax_collector()
-            shorten_thread_switch()
-            trace_allocations("ingress")
+            tune_serving_process("ingress")
 
     async def reconfigure(self, user_config: dict[str, Any] | None) -> None:
         """The traffic policy (config/traffic.py): Serve calls this at start and on every

@@ -26,13 +26,11 @@ import ray
 
 from deployments.config import EncoderModelConfig
 from deployments.config.base import ModelBatching
-from deployments.core.allocation_trace import trace_allocations
 from deployments.core.batching.batch_tuner import BatchTuner
-from deployments.core.gc_policy import relax_collector
 from deployments.core.metrics.metrics import TributaryMetrics
 from deployments.core.priority import ALL_PRIORITIES
 from deployments.core.protocol import BatchJob, JobCall, Rejection
-from deployments.core.thread_switch import shorten_thread_switch
+from deployments.core.serving_process import tune_serving_process
 from deployments.metrics import build_metrics
 from deployments.replicas.batched.batch_queues import BatchQueues
 from deployments.replicas.batched.batched_jobs import JobState, JobTask, run_jobs
@@ -139,9 +137,7 @@ class Batcher(Generic[JobT, OutcomeT]):
         )
         self.warm = True
         if ray.is_initialized():
-            relax_collector()
-            shorten_thread_switch()
-            trace_allocations(self.name)
+            tune_serving_process(self.name)
 
     def check_health(self) -> None:
         """Serve's health check: not healthy until the warm-up batch has run."""

@@ -33,12 +33,11 @@ from deployments.backends.generation.continuous import (
 )
 from deployments.backends.generation.sampling import SamplingParams
 from deployments.config import GenerationModelConfig, GenerationQueue
-from deployments.core.allocation_trace import trace_allocations
 from deployments.core.batching.sequence_slots import SequenceSlots, SlotLimits
 from deployments.core.memory.kv_budget import KvBudget, derive
 from deployments.core.priority import ALL_PRIORITIES, Priority
 from deployments.core.protocol import GenerationJob
-from deployments.core.thread_switch import shorten_thread_switch
+from deployments.core.serving_process import tune_serving_process
 from deployments.metrics import build_metrics
 from deployments.replicas.device import assigned_device, torch_dtype
 from deployments.replicas.device_turns import ReplicaTurns, open_turns
@@ -78,8 +77,7 @@ class Generator:
         config = GenerationModelConfig.model_validate(model)
         self.config = config
         if ray.is_initialized():
-            trace_allocations(f"generate-{config.name}")
-            shorten_thread_switch()
+            tune_serving_process(f"generate-{config.name}", collect_less=False)
         device = self.device = assigned_device()
         cache_dir = Path(config.cache_dir) if config.cache_dir else None
         path = resolve_lm_source(config.source, cache_dir)
