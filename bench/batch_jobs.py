@@ -98,6 +98,14 @@ def realtime_loop(
     )
 
 
+def realtime_window(args: argparse.Namespace) -> dict[str, Any]:
+    """One window of the realtime closed loop, as the command line sets it: its latencies."""
+    result = realtime_loop(
+        args.url, args.key, args.model, args.realtime_seconds, args.realtime_clients
+    )
+    return _latency(result)
+
+
 def served_baseline(url: str, key: str | None, model: str, seconds: float) -> float:
     """Texts/s of 8 closed-loop clients sending 32 texts a request: the issue's yardstick."""
     target = urlparse(url)
@@ -164,10 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         texts = sentences(args.texts, seed=29)
         report["lines"] = batch_file(path, texts, args.texts_per_line, args.model)
         if args.realtime:
-            alone = realtime_loop(
-                args.url, args.key, args.model, args.realtime_seconds, args.realtime_clients
-            )
-            report["realtime_alone"] = _latency(alone)
+            report["realtime_alone"] = realtime_window(args)
         if args.baseline_seconds > 0:
             baseline = served_baseline(args.url, args.key, args.model, args.baseline_seconds)
             report["served_8x32_texts_per_s"] = round(baseline, 1)
@@ -177,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.realtime:
             during = realtime_during(client, path, args)
             report["realtime_during_batch"] = during
-            report["p99_ratio"] = round(during["p99_ms"] / alone.p99_ms, 2)
+            report["p99_ratio"] = round(during["p99_ms"] / report["realtime_alone"]["p99_ms"], 2)
             if args.rounds > 1:
                 report["rounds"] = realtime_rounds(
                     client, path, args, first=(report["realtime_alone"], during)
@@ -191,15 +196,13 @@ def realtime_during(client: BatchClient, path: Path, args: argparse.Namespace) -
     wait_started(client, during_id)
     before = client.json("GET", f"/v1/batches/{during_id}")["request_counts"]["completed"]
     started = time.monotonic()
-    during = realtime_loop(
-        args.url, args.key, args.model, args.realtime_seconds, args.realtime_clients
-    )
+    during = realtime_window(args)
     batch = client.json("GET", f"/v1/batches/{during_id}")
     lines_per_s = (batch["request_counts"]["completed"] - before) / (time.monotonic() - started)
     client.json("POST", f"/v1/batches/{during_id}/cancel")
     wait_done(client, during_id)
     return {
-        **_latency(during),
+        **during,
         "batch_status_after": batch["status"],
         # What the batch still did beside the realtime client: the price of yielding to it.
         "batch_texts_per_s": round(lines_per_s * args.texts_per_line, 1),
@@ -216,12 +219,7 @@ def realtime_rounds(
     alone window and a fresh batch."""
     pairs = [first]
     for _ in range(args.rounds - 1):
-        alone = _latency(
-            realtime_loop(
-                args.url, args.key, args.model, args.realtime_seconds, args.realtime_clients
-            )
-        )
-        pairs.append((alone, realtime_during(client, path, args)))
+        pairs.append((realtime_window(args), realtime_during(client, path, args)))
     ratios = [during["p99_ms"] / alone["p99_ms"] for alone, during in pairs]
     return {
         "each": [
