@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from bench.server import Server, deploy, load_config, running_server
+from bench.server import Server, deploy, embedder_only_config, running_server
 
 MODEL = "rollout-model"
 V1_APP, V2_APP = "rollout-v1", "rollout-v2"
@@ -76,15 +76,6 @@ def with_policy(config: dict[str, Any], policy: dict[str, Any], apps: list[dict]
     main = config["applications"][0]
     main["deployments"] = [{"name": "ingress", "user_config": {"models": {MODEL: policy}}}]
     config["applications"] = [main, *apps]
-    return config
-
-
-def base_config() -> dict[str, Any]:
-    """serve_config.yaml's main app with the embedding model only (a lighter server)."""
-    config = load_config()
-    args = config["applications"][0]["args"]
-    args["rerank_models"] = []
-    args["generation_models"] = []
     return config
 
 
@@ -283,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         v2 = nudged_minilm(workdir / "minilm-nudged")
-        steps = rollout_steps(base_config(), str(v2))
+        steps = rollout_steps(embedder_only_config(), str(v2))
         with running_server(steps[0][1], workdir) as server:
             report = run_rollout(server, workdir, steps, args.hold_s)
     print(table(report))

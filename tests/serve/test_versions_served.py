@@ -19,7 +19,6 @@ from bench.rollout import (
     MODEL,
     V1_APP,
     V2_APP,
-    base_config,
     nudged_minilm,
     replica_pids,
     rollout_steps,
@@ -29,7 +28,7 @@ from bench.rollout import (
     wait_for_versions,
     with_policy,
 )
-from bench.server import Server, deploy, running_server
+from bench.server import Server, deploy, embedder_only_config, running_server
 from deployments.core.rollout.traffic import choose_version
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
@@ -42,13 +41,16 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def steps(workdir: Path) -> list[tuple[str, dict]]:
-    config = base_config()
+    config = embedder_only_config()
     # A new version's replica warms up on the two cores the serving one uses, and admission
     # by predicted wait rightly refuses some of the load meanwhile (429 with Retry-After; a
     # CI run saw 155 of 1,344). What is checked here is that a rollout loses no request;
     # admission is the reliability suite's (the serve tests turn it off for the same reason).
     config["applications"][0]["args"]["ingress"]["admission"]["predict_wait"] = False
-    return rollout_steps(config, str(nudged_minilm(workdir / "minilm-nudged")))
+    steps = rollout_steps(config, str(nudged_minilm(workdir / "minilm-nudged")))
+    # The bench's 10 % and 50 % steps move a weight as the 100 % step does (a deploy that
+    # restarts nothing): the test keeps that one, ~30 s less; the canary below splits 50/50.
+    return [step for step in steps if step[0] not in ("v2 at 10 %", "v2 at 50 %")]
 
 
 @pytest.fixture(scope="module")
