@@ -69,6 +69,14 @@ class ModelBatching(StrictModel):
         max_batch_size=64, batch_wait_timeout_s=0.05, max_batch_tokens=16384, aged_after_s=1.0
     )
 
+    realtime_hold_ms: float = Field(
+        30.0,
+        ge=0,
+        le=1000,
+        description="After a realtime pass, how long lower classes' batches keep off the "
+        "model's free threads, kept for the next realtime batch (realtime requests come in "
+        "runs); a batch past its class's aged_after_s goes all the same. 0 = no hold.",
+    )
     adaptive: bool = Field(
         True,
         description="Choose each batch's token budget and wait from the measured cost model, "

@@ -11,11 +11,21 @@ every other slot is held. A pass cannot be interrupted, so without it a realtime
 that arrives just after a batch-class pass began waits that pass out; with it, it runs
 beside it (on a thread of its own, replicas/batched/model_threads.py). A realtime batch
 still takes an ordinary slot first where one is free: it has all the model's threads.
+
+Realtime first on the cores too: while a realtime pass runs on the lane, and for
+`realtime_hold_s` after any realtime pass ends, a free slot goes to no batch of a lower
+class (unless it has waited past its `aged_after_s`). A pass of theirs started then would
+share the cores with the next realtime pass, and realtime requests come in runs: measured
+on 2 cores while a Batch API job ran, a realtime single text's median was twice its idle
+one with batch passes starting beside the lane, within 15 % of it with a 15 or 30 ms hold
+(docs/benchmarks.md, "Alternated rounds").
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -53,8 +63,10 @@ class PriorityGate:
         clock: Callable[[], float] = time.monotonic,
         capacity: int = 1,
         lane: bool = False,
+        realtime_hold_s: float = 0.0,
     ) -> None:
-        """`capacity`: passes at once; `lane`: one more slot, for a realtime batch only."""
+        """`capacity`: passes at once; `lane`: one more slot, for a realtime batch only;
+        `realtime_hold_s`: how long lower classes keep out after a realtime pass."""
         self._aged_after_s = dict(aged_after_s)
         self._clock = clock
         self._queues: dict[Priority, deque[_Turn]] = {p: deque() for p in ALL_PRIORITIES}
@@ -65,12 +77,18 @@ class PriorityGate:
         self._has_lane = lane
         self._lane_busy = False
         self._lane_turns = 0
+        self._realtime_hold_s = realtime_hold_s
+        self._held_until = -math.inf  # lower classes keep out of free slots until then
+        self._hold_timer: asyncio.TimerHandle | None = None
         # Set whenever a batch starts to wait: a pass waiting for its device turn looks
         # again at what it keeps waiting (`most_urgent_waiting`).
         self.waiter_came = asyncio.Event()
 
     def set_aged_after_s(self, aged_after_s: Mapping[Priority, float | None]) -> None:
         self._aged_after_s = dict(aged_after_s)
+
+    def set_realtime_hold_s(self, seconds: float) -> None:
+        self._realtime_hold_s = max(0.0, seconds)
 
     def set_capacity(self, capacity: int) -> None:
         """How many turns may be held at once; a raise grants waiting turns now."""
@@ -109,25 +127,38 @@ class PriorityGate:
         try:
             yield lane
         finally:
-            self.release(lane)
+            self.release(lane, priority)
 
     async def acquire(self, priority: Priority) -> bool:
         """Waits for a slot; True when the one granted is the realtime lane."""
-        if self._running < self._capacity and not any(self._queues.values()):
+        if (
+            self._running < self._capacity
+            and not any(self._queues.values())
+            and not self._held_for_realtime(priority)
+        ):
             self._running += 1
             self._turns[priority] += 1
             return False
-        if self._lane_open_to(priority) and not self._queues[priority]:
+        slot_free = self._running < self._capacity  # kept from lower classes for realtime
+        if self._lane_open_to(priority) and not self._queues[priority] and not slot_free:
             self._take_lane(priority)
             return True
         turn = _Turn(priority, self._clock(), asyncio.get_running_loop().create_future())
         self._queues[priority].append(turn)
         self.waiter_came.set()
+        if slot_free:
+            self._grant_next()
+            if not turn.granted.done() and self._lane_open_to(priority):
+                # An aged batch of a lower class took the slot: the lane, then.
+                self._queues[priority].remove(turn)
+                self._take_lane(priority)
+                return True
         try:
             await turn.granted
         except asyncio.CancelledError:
             if turn.granted.done() and not turn.granted.cancelled():
-                self.release(turn.lane)  # granted as we were cancelled: pass the turn on
+                # Granted as we were cancelled: pass the turn on (no pass ran, no hold).
+                self.release(turn.lane)
             elif turn in self._queues[priority]:  # release() may have dropped it already
                 self._queues[priority].remove(turn)
             raise
@@ -147,13 +178,46 @@ class PriorityGate:
         self._running -= 1
         self._grant_next()
 
-    def release(self, lane: bool = False) -> None:
+    def release(self, lane: bool = False, priority: Priority | None = None) -> None:
+        """After a pass: `lane` if it ran on the lane, `priority` its class (a realtime
+        pass starts the hold; None: no pass ran)."""
         if lane:
             self._lane_busy = False
+        else:
+            self._running -= 1
+        if (lane or priority is Priority.REALTIME) and self._realtime_hold_s > 0:
+            self._held_until = self._clock() + self._realtime_hold_s
+            self._wake_when_the_hold_ends()
+        if lane:
             self._grant_lane()
-            return
-        self._running -= 1
-        self._grant_next()
+        self._grant_held()
+
+    def _held_for_realtime(self, priority: Priority) -> bool:
+        """Whether a batch of this class keeps out of a free slot: the lane runs, or a
+        realtime pass ended less than `realtime_hold_s` ago."""
+        if priority is Priority.REALTIME:
+            return False
+        return self._lane_busy or self._clock() < self._held_until
+
+    def _wake_when_the_hold_ends(self) -> None:
+        if self._hold_timer is not None:
+            return  # it looks again when it fires
+        left = self._held_until - self._clock()
+        with contextlib.suppress(RuntimeError):  # no running loop: a test's own calls
+            loop = asyncio.get_running_loop()
+            self._hold_timer = loop.call_later(max(0.0, left), self._hold_may_end)
+
+    def _hold_may_end(self) -> None:
+        self._hold_timer = None
+        if self._clock() < self._held_until:
+            self._wake_when_the_hold_ends()  # extended by a later realtime pass
+        else:
+            self._grant_held()
+
+    def _grant_held(self) -> None:
+        """Grants free slots to waiting batches, as far as the hold lets them."""
+        while self._running < self._capacity and self._grant_next():
+            pass
 
     def _lane_open_to(self, priority: Priority) -> bool:
         return self._has_lane and priority is Priority.REALTIME and not self._lane_busy
@@ -182,16 +246,16 @@ class PriorityGate:
         for queue in self._queues.values():
             while queue and queue[0].granted.done():
                 queue.popleft()
-        turn = self._next_turn()
-        if turn is None:
+        turn, aged = next_in_line(self._queues, self._aged_after_s, self._clock())
+        if turn is None or (self._held_for_realtime(turn.priority) and not self._aged(turn)):
             return False
+        self._aged_turns += aged
         self._queues[turn.priority].remove(turn)
         self._running += 1
         self._turns[turn.priority] += 1
         turn.granted.set_result(None)
         return True
 
-    def _next_turn(self) -> _Turn | None:
-        turn, aged = next_in_line(self._queues, self._aged_after_s, self._clock())
-        self._aged_turns += aged
-        return turn
+    def _aged(self, turn: _Turn) -> bool:
+        limit = self._aged_after_s.get(turn.priority)
+        return limit is not None and self._clock() - turn.since >= limit

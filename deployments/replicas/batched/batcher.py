@@ -90,7 +90,7 @@ class Batcher(Generic[JobT, OutcomeT]):
             self.memory,
             self.metrics,
         )
-        self._age_at_the_gate(config.batching)
+        self._order_at_the_gate(config.batching)
         self._live: dict[str, JobState] = {}  # jobs queued or in a pass, by job_id
         self._jobs_here = dict.fromkeys(ALL_PRIORITIES, 0)  # per class, queued or in a pass
         self.warm = False
@@ -107,12 +107,12 @@ class Batcher(Generic[JobT, OutcomeT]):
         """New batch limits per class: Serve's user_config, applied with no restart."""
         batching = ModelBatching.model_validate(user_config)
         self.queues.reconfigure(batching)
-        self._age_at_the_gate(batching)
+        self._order_at_the_gate(batching)
 
-    def _age_at_the_gate(self, batching: ModelBatching) -> None:
-        self.passes.gate.set_aged_after_s(
-            {p: batching.of(p.label).aged_after_s for p in ALL_PRIORITIES}
-        )
+    def _order_at_the_gate(self, batching: ModelBatching) -> None:
+        gate = self.passes.gate
+        gate.set_aged_after_s({p: batching.of(p.label).aged_after_s for p in ALL_PRIORITIES})
+        gate.set_realtime_hold_s(batching.realtime_hold_ms / 1000)
 
     def finish_warm_up(self, run_rows: Callable[[int], object], window: int) -> None:
         """After the warm-up batch: passes of growing size (`run_rows(rows)` runs `rows`

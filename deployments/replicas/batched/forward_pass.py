@@ -92,7 +92,7 @@ class ForwardPasses:
             ):
                 return await self._run_live(priority, items)
         finally:
-            self.gate.release(lane)
+            self.gate.release(lane, priority)
 
     def _next_pass(self) -> tuple[Priority, float] | None:
         """This replica's next batch, ready at the gate as a pass ends: the device may be
