@@ -185,7 +185,7 @@ class PriorityGate:
             self._lane_busy = False
         else:
             self._running -= 1
-        if (lane or priority is Priority.REALTIME) and self._realtime_hold_s > 0:
+        if priority is Priority.REALTIME and self._realtime_hold_s > 0:
             self._held_until = self._clock() + self._realtime_hold_s
             self._wake_when_the_hold_ends()
         if lane:
