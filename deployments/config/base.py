@@ -73,9 +73,9 @@ class ModelBatching(StrictModel):
         30.0,
         ge=0,
         le=1000,
-        description="After a realtime pass, how long lower classes' batches keep off the "
+        description="After a realtime pass, how long batch-class batches keep off the "
         "model's free threads, kept for the next realtime batch (realtime requests come in "
-        "runs); a batch past its class's aged_after_s goes all the same. 0 = no hold.",
+        "runs); a batch past the class's aged_after_s goes all the same. 0 = no hold.",
     )
     adaptive: bool = Field(
         True,

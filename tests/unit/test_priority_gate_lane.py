@@ -182,16 +182,29 @@ async def test_a_realtime_batch_in_the_hold_takes_the_free_slot_at_once() -> Non
     assert await gate.acquire(RT) is True  # the lane, beside the batch pass
     gate.release(priority=BATCH)
     gate.release(lane=True, priority=RT)  # the hold starts
-    normal = asyncio.create_task(gate.acquire(NORMAL))
+    batch = asyncio.create_task(gate.acquire(BATCH))
     await settle()
-    assert not normal.done()
-    assert await gate.acquire(RT) is False  # ahead of the waiting normal batch
+    assert not batch.done()
+    assert await gate.acquire(RT) is False  # ahead of the waiting batch
     clock.now += 0.01
     gate.release(priority=RT)  # a new hold from now
     await settle()
-    assert not normal.done()
+    assert not batch.done()
     clock.now += 0.01
-    assert await asyncio.wait_for(normal, 5) is False
+    assert await asyncio.wait_for(batch, 5) is False
+
+
+async def test_normal_traffic_waits_for_the_lane_but_not_out_the_hold() -> None:
+    clock = Clock()
+    gate = held(clock, hold_s=10.0)
+    await gate.acquire(BATCH)
+    assert await gate.acquire(RT) is True
+    gate.release(priority=BATCH)
+    normal = asyncio.create_task(gate.acquire(NORMAL))
+    await settle()
+    assert not normal.done()  # the lane runs
+    gate.release(lane=True, priority=RT)  # its pass ends, the batch class's hold starts
+    assert await normal is False
 
 
 async def test_a_batch_aged_past_its_limit_ends_its_wait_in_the_hold() -> None:

@@ -12,9 +12,9 @@ that arrives just after a batch-class pass began waits that pass out; with it, i
 beside it (on a thread of its own, replicas/batched/model_threads.py). A realtime batch
 still takes an ordinary slot first where one is free: it has all the model's threads.
 
-Realtime first on the cores too: while a realtime pass runs on the lane, and for
-`realtime_hold_s` after any realtime pass ends, a free slot goes to no batch of a lower
-class (unless it has waited past its `aged_after_s`). A pass of theirs started then would
+Realtime first on the cores too: while a realtime pass runs on the lane a free slot goes
+to no batch of a lower class, and for `realtime_hold_s` after any realtime pass ends to no
+batch of the batch class (unless it has waited past its `aged_after_s`). A pass started then would
 share the cores with the next realtime pass, and realtime requests come in runs: measured
 on 2 cores while a Batch API job ran, a realtime single text's median was twice its idle
 one with batch passes starting beside the lane, within 15 % of it with a 15 or 30 ms hold
@@ -66,7 +66,7 @@ class PriorityGate:
         realtime_hold_s: float = 0.0,
     ) -> None:
         """`capacity`: passes at once; `lane`: one more slot, for a realtime batch only;
-        `realtime_hold_s`: how long lower classes keep out after a realtime pass."""
+        `realtime_hold_s`: how long the batch class keeps out after a realtime pass."""
         self._aged_after_s = dict(aged_after_s)
         self._clock = clock
         self._queues: dict[Priority, deque[_Turn]] = {p: deque() for p in ALL_PRIORITIES}
@@ -193,11 +193,14 @@ class PriorityGate:
         self._grant_held()
 
     def _held_for_realtime(self, priority: Priority) -> bool:
-        """Whether a batch of this class keeps out of a free slot: the lane runs, or a
-        realtime pass ended less than `realtime_hold_s` ago."""
+        """Whether a batch of this class keeps out of a free slot: the lane runs, or (the
+        batch class) a realtime pass ended less than `realtime_hold_s` ago."""
         if priority is Priority.REALTIME:
             return False
-        return self._lane_busy or self._clock() < self._held_until
+        # Only the batch class waits out the hold: it is there to fill idle time. Normal
+        # traffic has a latency target of its own, and under load the idle time a hold
+        # keeps would come off its throughput.
+        return self._lane_busy or (priority is Priority.BATCH and self._clock() < self._held_until)
 
     def _wake_when_the_hold_ends(self) -> None:
         if self._hold_timer is not None:
