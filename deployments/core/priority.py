@@ -51,6 +51,12 @@ class Waiting(Protocol):
 W = TypeVar("W", bound=Waiting)
 
 
+def has_aged(waiting: Waiting, aged_after_s: Mapping[Priority, float | None], now: float) -> bool:
+    """Whether it has waited its class's `aged_after_s` (never, for a class without one)."""
+    limit = aged_after_s.get(waiting.priority)
+    return limit is not None and now - waiting.since >= limit
+
+
 def next_in_line(
     queues: Mapping[Priority, Sequence[W]],
     aged_after_s: Mapping[Priority, float | None],
@@ -63,11 +69,7 @@ def next_in_line(
     there are several): lower classes slow down under load, but never starve. Only heads
     are considered, so nothing in a queue is passed over for something behind it."""
     aged = [
-        queue[0]
-        for priority, queue in queues.items()
-        if queue
-        and (limit := aged_after_s.get(priority)) is not None
-        and now - queue[0].since >= limit
+        queue[0] for queue in queues.values() if queue and has_aged(queue[0], aged_after_s, now)
     ]
     if aged:
         oldest = min(aged, key=lambda waiting: waiting.since)

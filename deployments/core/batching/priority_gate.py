@@ -14,8 +14,8 @@ still takes an ordinary slot first where one is free: it has all the model's thr
 
 Realtime first on the cores too: while a realtime pass runs on the lane a free slot goes
 to no batch of a lower class, and for `realtime_hold_s` after any realtime pass ends to no
-batch of the batch class (unless it has waited past its `aged_after_s`). A pass started then would
-share the cores with the next realtime pass, and realtime requests come in runs: measured
+batch of the batch class (unless it has waited past its `aged_after_s`). A pass started
+then would share the cores with the next realtime pass, and realtime requests come in runs: measured
 on 2 cores while a Batch API job ran, a realtime single text's median was twice its idle
 one with batch passes starting beside the lane, within 15 % of it with a 15 or 30 ms hold
 (docs/benchmarks.md, "Alternated rounds").
@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from deployments.core.priority import ALL_PRIORITIES, Priority, next_in_line
+from deployments.core.priority import ALL_PRIORITIES, Priority, has_aged, next_in_line
 
 
 @dataclass(eq=False)
@@ -250,7 +250,10 @@ class PriorityGate:
             while queue and queue[0].granted.done():
                 queue.popleft()
         turn, aged = next_in_line(self._queues, self._aged_after_s, self._clock())
-        if turn is None or (self._held_for_realtime(turn.priority) and not self._aged(turn)):
+        if turn is None or (
+            self._held_for_realtime(turn.priority)
+            and not has_aged(turn, self._aged_after_s, self._clock())
+        ):
             return False
         self._aged_turns += aged
         self._queues[turn.priority].remove(turn)
@@ -258,7 +261,3 @@ class PriorityGate:
         self._turns[turn.priority] += 1
         turn.granted.set_result(None)
         return True
-
-    def _aged(self, turn: _Turn) -> bool:
-        limit = self._aged_after_s.get(turn.priority)
-        return limit is not None and self._clock() - turn.since >= limit
