@@ -25,7 +25,11 @@ def check_probed(batcher: Batcher[Any, Any], budget_mib: int, window: int) -> di
     probe = memory["probe"]
     assert probe["allowed_bytes"] == budget_mib * 2**20
     assert probe["points"][0][0] == window  # one full-window row first
-    assert all(peak <= budget_mib * 2**20 for _, peak in probe["points"]), probe
+    # The probe stops at the first pass that measured over the budget: every one before it
+    # was within. (That last one may pass it: a step is run when the fit predicts it within
+    # the margin, and a peak RSS read in a process that does other work is noisy; seen in
+    # the full suite, 215 MB measured where the fit said 147 and a run alone 150.)
+    assert all(peak <= budget_mib * 2**20 for _, peak in probe["points"][:-1]), probe
     ceiling = memory["token_ceiling"]
     assert ceiling is not None and ceiling >= window
     plans = batcher.tuner.plans()
