@@ -1,7 +1,8 @@
 """Turns at a shared device, on against off (docs/benchmarks.md, "One device, several models").
 
-The default app (embedder, reranker and LLM on one machine's cores) is served once with
-the device arbiter on and once with it off, in one invocation. On each server, each round:
+The default app (embedder, reranker and LLM on one machine's cores) is served with the
+device arbiter on, on with `pause_for_realtime: false` (`--pause-off-too`), and off, in one
+invocation. On each server, each round:
 
   A. realtime alone: single-text embeddings with `X-Priority: realtime`, open loop at a
      light rate, a short warm-up then D measured seconds;
@@ -78,8 +79,11 @@ class Round:
 @dataclass
 class Setting:
     arbiter: bool
+    pause: bool = True  # pause_for_realtime, where the arbiter is on
     rounds: list[Round] = field(default_factory=list)
     shares: dict[str, float] = field(default_factory=dict)  # of held device time, flooded
+    # The embedder's realtime passes that stopped others (pause_for_realtime), in all.
+    paused: dict[str, float] = field(default_factory=dict)
 
     def median(self, name: str) -> float:
         return statistics.median(getattr(r, name) for r in self.rounds)
@@ -97,14 +101,18 @@ ONE_CARD_GPUS = {"embedding_models": 0.25, "rerank_models": 0.25, "generation_mo
 
 
 def config_with(
-    args: argparse.Namespace, arbiter: bool, priorities: dict[str, int] | None = None
+    args: argparse.Namespace,
+    arbiter: bool,
+    priorities: dict[str, int] | None = None,
+    pause: bool = True,
 ) -> dict[str, Any]:
     """The config the run serves (`--config`, else serve_config.yaml), with the arbiter on
-    or off, the models' priorities, and with `--one-card` every model on one GPU."""
+    or off (and its realtime pause), the models' priorities, and with `--one-card` every
+    model on one GPU."""
     one_card = args.one_card
     config = load_config(args.config) if args.config else load_config()
     app = config["applications"][0]["args"]
-    app["device_arbiter"] = {"enabled": arbiter}
+    app["device_arbiter"] = {"enabled": arbiter, "pause_for_realtime": pause}
     for kind in ("embedding_models", "rerank_models", "generation_models"):
         for model in app.get(kind, []):
             if priorities and model["name"] in priorities:
@@ -198,6 +206,12 @@ def held_by_model(stats: dict[str, Any]) -> dict[str, float]:
     return held
 
 
+def paused_by(stats: dict[str, Any]) -> dict[str, float]:
+    """The embedder's stops of other models' passes for its realtime ones, from /v1/stats."""
+    turns = (stats["models"][EMBEDDER].get("replica") or {}).get("device_turns") or {}
+    return {key: turns.get(key, 0) for key in ("paused", "paused_s", "continued_stale")}
+
+
 def shares_between(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
     total = sum(delta.values())
@@ -245,9 +259,12 @@ async def swap_shares(url: str, duration_s: float) -> dict[str, float]:
     return {name: shares.get(name, 0.0) for name in (EMBEDDER, RERANKER)}
 
 
-def serve_setting(arbiter: bool, args: argparse.Namespace, workdir: Path) -> Setting:
-    setting = Setting(arbiter)
-    with running_server(config_with(args, arbiter), workdir, mode=args.mode) as server:
+def serve_setting(
+    arbiter: bool, args: argparse.Namespace, workdir: Path, pause: bool = True
+) -> Setting:
+    setting = Setting(arbiter, pause)
+    config = config_with(args, arbiter, pause=pause)
+    with running_server(config, workdir, mode=args.mode) as server:
         time.sleep(SETTLE_S)
         for n in range(args.rounds):
             before = held_by_model(httpx.get(server.url + "/v1/stats", timeout=30).json())
@@ -256,8 +273,10 @@ def serve_setting(arbiter: bool, args: argparse.Namespace, workdir: Path) -> Set
             setting.rounds.append(result)
             if arbiter:
                 setting.shares = shares_between(before, after)
-            print(f"arbiter {'on' if arbiter else 'off'} round {n + 1}: {asdict(result)}")
+            print(f"{label(setting)} round {n + 1}: {asdict(result)}")
             sys.stdout.flush()
+        if arbiter:
+            setting.paused = paused_by(httpx.get(server.url + "/v1/stats", timeout=30).json())
     return setting
 
 
@@ -270,8 +289,14 @@ def serve_swap(priorities: dict[str, int], args: argparse.Namespace, workdir: Pa
     return swap
 
 
+def label(setting: Setting) -> str:
+    if not setting.arbiter:
+        return "off"
+    return "on" if setting.pause else "on, no pause"
+
+
 def render(settings: list[Setting], swaps: list[Swap], args: argparse.Namespace) -> str:
-    on, off = settings
+    on, off = settings[0], settings[-1]
     lines = [
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
         f"{args.rounds} rounds of {args.duration:g} s at {args.rate:g} realtime req/s; "
@@ -283,7 +308,7 @@ def render(settings: list[Setting], swaps: list[Swap], args: argparse.Namespace)
     ]
     for s in settings:
         lines.append(
-            f"| {'on' if s.arbiter else 'off'} | {s.median('alone_p50_ms'):.1f} / "
+            f"| {label(s)} | {s.median('alone_p50_ms'):.1f} / "
             f"{s.median('alone_p99_ms'):.1f} | {s.median('flooded_p50_ms'):.1f} / "
             f"{s.median('flooded_p99_ms'):.1f} | **{s.median('p99_ratio'):.2f}x** | "
             f"{s.median('rerank_docs_per_s'):.0f} | {s.median('llm_tokens_per_s'):.0f} | "
@@ -295,6 +320,9 @@ def render(settings: list[Setting], swaps: list[Swap], args: argparse.Namespace)
         "",
         f"Flood throughput, on / off: rerank {docs:.2f}x, LLM {tokens:.2f}x. "
         f"Device time held under the flood (arbiter on): {on.shares}.",
+        "Stops for the embedder's realtime passes: "
+        + "; ".join(f"{label(s)}: {s.paused}" for s in settings if s.arbiter)
+        + ".",
     ]
     if swaps:
         lines += ["", "| priority (embedder / reranker) | embedder's share | reranker's share |"]
@@ -314,6 +342,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--rate", type=float, default=5.0, help="realtime requests/s")
     parser.add_argument("--no-swap", action="store_true", help="skip the priority swap")
+    parser.add_argument(
+        "--pause-off-too",
+        action="store_true",
+        help="also serve the arbiter on with pause_for_realtime: false, between on and off",
+    )
     parser.add_argument("--json", type=Path, help="also write every figure here")
     parser.add_argument("--config", type=Path, help="serve this config (default serve_config.yaml)")
     parser.add_argument("--mode", help="the launcher's serving mode (default: its default)")
@@ -326,9 +359,10 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="tributary-device-share-") as tmp:
         work = Path(tmp)
         settings = []
-        for arbiter in (True, False):
-            (work / str(arbiter)).mkdir()
-            settings.append(serve_setting(arbiter, args, work / str(arbiter)))
+        runs = [(True, True), *([(True, False)] if args.pause_off_too else []), (False, True)]
+        for arbiter, pause in runs:
+            (work / f"{arbiter}-{pause}").mkdir()
+            settings.append(serve_setting(arbiter, args, work / f"{arbiter}-{pause}", pause))
         swaps = []
         if not args.no_swap:
             for n, priorities in enumerate(
@@ -341,7 +375,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         figures = {
             "settings": [
-                {"arbiter": s.arbiter, "rounds": [asdict(r) for r in s.rounds], "shares": s.shares}
+                {
+                    "arbiter": s.arbiter,
+                    "pause_for_realtime": s.pause,
+                    "rounds": [asdict(r) for r in s.rounds],
+                    "shares": s.shares,
+                    "paused": s.paused,
+                }
                 for s in settings
             ],
             "swaps": [asdict(s) for s in swaps],

@@ -35,6 +35,14 @@ class DeviceArbiterConfig(StrictModel):
         "is never held by a replica that stopped answering. A dead replica's turn is taken "
         "back within 0.1 s.",
     )
+    pause_for_realtime: bool = Field(
+        True,
+        description="On a CPU: while a realtime pass runs, the other models' replicas that "
+        "hold the cores for a lower class are stopped (SIGSTOP) and go on when it ends "
+        "(SIGCONT), so a realtime pass never shares the cores with a batch that started just "
+        "before it. A stop lasts one realtime pass (at most 0.5 s); a model below its "
+        "min_share is not stopped. No effect on a GPU.",
+    )
     share_window_s: float = Field(
         2.0,
         gt=0,

@@ -20,8 +20,8 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +58,13 @@ NextPass = Callable[[], tuple[Priority, float] | None]
 
 
 class ReplicaTurns:
-    def __init__(self, turns: DeviceTurns, metrics: TributaryMetrics) -> None:
+    def __init__(
+        self, turns: DeviceTurns, metrics: TributaryMetrics, pause_for_realtime: bool = False
+    ) -> None:
+        """`pause_for_realtime`: a realtime pass stops the other processes that hold the
+        device for lower classes while it runs (core/device_turns/pause.py; CPUs only)."""
         self.turns = turns
+        self._pause_for_realtime = pause_for_realtime
         self._model = turns.model
         self._metrics = metrics
         # A turn kept at the end of a pass for the replica's next one, not yet taken up.
@@ -96,6 +101,20 @@ class ReplicaTurns:
                 self._give_back(turn)
             else:
                 asyncio.get_running_loop().call_later(KEPT_LEASE_S, self._drop_kept, turn)
+
+    @contextmanager
+    def first_on_the_cores(self, priority: Priority) -> Iterator[None]:
+        """Around a pass of the class: a realtime one has the cores to itself while it
+        runs, the other models' passes of lower classes stopped (not this process's own:
+        its gate keeps them from starting)."""
+        if not self._pause_for_realtime or priority is not Priority.REALTIME:
+            yield
+            return
+        paused = self.turns.pause_lower(int(priority))
+        try:
+            yield
+        finally:
+            self.turns.resume(paused)
 
     def take_now(self, priority: Priority, urgent_at: float = math.inf) -> Turn | None:
         """A turn if the device has one free this moment (or kept one for this replica),
@@ -205,6 +224,9 @@ def open_turns(
         max_hold_s=arbiter.max_hold_s,
     )
     path = table_path(_table_dir(), _node_key(), _device_key(device))
+    # A GPU runs its queued kernels whatever the host process does: stopping one gains
+    # nothing there.
+    pause = arbiter.pause_for_realtime and not gpu
     with contextlib.suppress(OSError):
         sweep_tables(path.parent, keep=path, is_alive=pid_alive)
     try:
@@ -214,15 +236,16 @@ def open_turns(
         logger.warning("%s: no device turns (%s): passes run as if alone", config.name, exc)
         return None
     logger.info(
-        "%s: device turns on %s (capacity %d, weight %d, priority %d, min_share %g)",
+        "%s: device turns on %s (capacity %d, weight %d, priority %d, min_share %g%s)",
         config.name,
         path,
         capacity,
         weight,
         settings.priority,
         settings.min_share,
+        ", realtime passes pause lower ones" if pause else "",
     )
-    return ReplicaTurns(turns, metrics)
+    return ReplicaTurns(turns, metrics, pause_for_realtime=pause)
 
 
 def _table_dir() -> Path:

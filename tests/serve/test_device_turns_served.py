@@ -5,6 +5,7 @@ them to Prometheus, and a pass waiting behind another model's flood still gets i
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import httpx
 
@@ -117,6 +118,12 @@ async def _flood_while_realtime(server: Server) -> tuple[list[int], int]:
     return statuses, flooded
 
 
+def process_state(pid: int) -> str:
+    """The kernel's one-letter state of a process: T while it is stopped."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
 def lane_turns(server: Server, model: str) -> int:
     return int(stats(server)["models"][model]["replica"]["gate"]["lane_turns"])
 
@@ -136,3 +143,17 @@ def test_realtime_passes_get_their_turns_beside_another_models_flood(server: Ser
     flood_turns = turns_of(server, RERANK_MODEL)["by_class"]["batch"]["turns"]
     # The flood's passes took their turns too (at least one per answered request).
     assert flood_turns - flood_before >= flooded
+    # A realtime pass stops the flood's pass while it runs (pause_for_realtime), and
+    # lets it go on after: the reranker is not left stopped, and still answers.
+    embedder = turns_of(server, MODEL)
+    assert embedder["paused"] >= 0
+    assert (embedder["paused"] == 0) == (embedder["paused_s"] == 0)
+    reranker_pid = stats(server)["models"][RERANK_MODEL]["replica"]["pid"]
+    assert process_state(reranker_pid) != "T"
+    after_flood = httpx.post(
+        f"{server.url}/v1/rerank",
+        json={"model": RERANK_MODEL, "query": "after", "documents": ["one", "two"]},
+        headers={**AUTH, "X-Priority": "batch"},
+        timeout=60,
+    )
+    assert after_flood.status_code == 200

@@ -4,7 +4,8 @@ turn. A file lock serialises every change, held for microseconds: nothing waits 
 
 Each slot says whose it is (pid), whether it is idle, waiting or holding a turn, and what
 the waiting pass is (class, model priority, urgency, weight), and keeps its model's recent
-busy time, decayed exponentially, so shares of the device can be read by anyone.
+busy time, decayed exponentially, so shares of the device can be read by anyone. A holder
+stopped for a realtime pass of another process says by whom and since when (`pause.py`).
 
 There is no arbiter process to lose: the state is the file. A process that dies holding a
 turn is found by its pid and its turn taken back; one that hangs loses the turn after its
@@ -17,23 +18,26 @@ import fcntl
 import math
 import mmap
 import os
+import signal
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 MAGIC = b"TRIBTURN"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 SLOTS = 64
 
 # magic, layout version, capacity (units), slots in use (high water), device busy
 # seconds (decayed), when that was last decayed, the decay's time constant
 HEADER = struct.Struct("<8sIIIxxxxddd")
-# pid, state, class, model priority, weight, min_share, since, urgent_at, granted_at,
-# max_hold_s, busy seconds (decayed), when that was last decayed, model key
-SLOT = struct.Struct("<iiiiixxxxdddddddQ8x")
+# pid, state, class, model priority, weight, paused by (a pid, 0 when running), min_share,
+# since, urgent_at, granted_at, max_hold_s, busy seconds (decayed), when that was last
+# decayed, model key, paused at
+SLOT = struct.Struct("<iiiiiidddddddQd")
 HEADER_SIZE = 64
 SLOT_SIZE = 96
 FILE_SIZE = HEADER_SIZE + SLOTS * SLOT_SIZE
@@ -41,12 +45,18 @@ FILE_SIZE = HEADER_SIZE + SLOTS * SLOT_SIZE
 FREE, IDLE, WAITING, HOLDING = 0, 1, 2, 3
 
 # Where a slot's fields are in `SLOT.unpack` order, for reading rows without objects.
-PID, STATE, KLASS, PRIORITY, WEIGHT, MIN_SHARE, SINCE, URGENT_AT, GRANTED_AT = range(9)
-MAX_HOLD_S, BUSY, BUSY_AT, MODEL_KEY = range(9, 13)
+PID, STATE, KLASS, PRIORITY, WEIGHT, PAUSED_BY, MIN_SHARE, SINCE, URGENT_AT = range(9)
+GRANTED_AT, MAX_HOLD_S, BUSY, BUSY_AT, MODEL_KEY, PAUSED_AT = range(9, 15)
 # A grant changes two fields, written in place: the state, and when it was granted.
 _STATE = struct.Struct("<i")
 _GRANTED_AT = struct.Struct("<d")
 _STATE_OFFSET, _GRANTED_AT_OFFSET = 4, 48
+
+# Waiting for the file's lock: first look again after this, then up to 1 ms apart; after
+# STOPPED_HOLDER_S without it, continue any holder stopped inside it (_take_file_lock).
+# The lock is held for microseconds, so a wait of milliseconds is a stopped holder.
+LOCK_POLL_S = 0.00005
+STOPPED_HOLDER_S = 0.005
 
 
 @dataclass
@@ -56,6 +66,7 @@ class Slot:
     klass: int = 0
     priority: int = 0
     weight: int = 1
+    paused_by: int = 0
     min_share: float = 0.0
     since: float = 0.0
     urgent_at: float = math.inf
@@ -64,6 +75,7 @@ class Slot:
     busy: float = 0.0
     busy_at: float = 0.0
     model_key: int = 0
+    paused_at: float = 0.0
 
 
 @dataclass
@@ -112,11 +124,45 @@ class TurnTable:
 
     @contextmanager
     def _file_lock(self) -> Iterator[None]:
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        self._take_file_lock()
         try:
             yield
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _take_file_lock(self) -> None:
+        """The file's lock, never waited for without end. A process stopped for a realtime
+        pass (pause.py) is stopped a moment after the signal is sent, outside the lock, and
+        in that moment it may take the lock: everyone would then wait for it until the
+        stopper continues it, and the stopper itself may be among those waiting. So a wait
+        past `STOPPED_HOLDER_S` continues every stopped holder (that stop is cut short)."""
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        delay = LOCK_POLL_S
+        stalled_at = time.monotonic() + STOPPED_HOLDER_S
+        while True:
+            time.sleep(delay)
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+            delay = min(delay * 2, 0.001)
+            if time.monotonic() > stalled_at:
+                self._continue_stopped()
+                stalled_at = time.monotonic() + STOPPED_HOLDER_S
+
+    def _continue_stopped(self) -> None:
+        """SIGCONT to every process the table says is stopped, read without the lock (a
+        continue sent to a process that runs changes nothing)."""
+        end = HEADER_SIZE + SLOTS * SLOT_SIZE
+        for row in SLOT.iter_unpack(self._map[HEADER_SIZE:end]):
+            if row[PAUSED_BY] and row[STATE] != FREE:
+                with suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(row[PID]), signal.SIGCONT)
 
     # Everything below is called with the lock held.
 
@@ -149,6 +195,7 @@ class TurnTable:
             s.klass,
             s.priority,
             s.weight,
+            s.paused_by,
             s.min_share,
             s.since,
             s.urgent_at,
@@ -157,6 +204,7 @@ class TurnTable:
             s.busy,
             s.busy_at,
             s.model_key,
+            s.paused_at,
         )
 
     def rows(self, high_water: int) -> list[tuple[int | float, ...]]:
@@ -208,7 +256,7 @@ class _Locked:
         table = self._table
         table._thread_lock.acquire()
         try:
-            fcntl.flock(table._fd, fcntl.LOCK_EX)
+            table._take_file_lock()
         except BaseException:
             table._thread_lock.release()
             raise

@@ -28,6 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deployments.core.device_turns.order import Waiter, next_waiter, urgency
+from deployments.core.device_turns.pause import (
+    REALTIME,
+    Signal,
+    pause_lower,
+    resume,
+    resume_stale,
+    send_signal,
+)
 from deployments.core.device_turns.table import (
     FREE,
     GRANTED_AT,
@@ -37,6 +45,7 @@ from deployments.core.device_turns.table import (
     MAX_HOLD_S,
     MIN_SHARE,
     MODEL_KEY,
+    PAUSED_BY,
     PID,
     PRIORITY,
     SINCE,
@@ -98,6 +107,9 @@ class ClassCounts:
 class TurnCounts:
     by_class: dict[int, ClassCounts] = field(default_factory=dict)
     taken_back: int = 0  # turns of others this replica found dead or hung and freed
+    paused: int = 0  # holders of lower classes this replica stopped for a realtime pass
+    paused_s: float = 0.0  # how long those realtime passes kept them stopped, in all
+    continued_stale: int = 0  # stopped holders whose stopper died or overran, continued
 
     def of(self, klass: int) -> ClassCounts:
         return self.by_class.setdefault(klass, ClassCounts())
@@ -112,14 +124,17 @@ class DeviceTurns:
         passes: int = 1,
         clock: Clock = time.monotonic,
         is_alive: Callable[[int], bool] = pid_alive,
+        signal_to: Signal = send_signal,
     ) -> None:
-        """`passes`: how many turns this replica may hold or ask for at once."""
+        """`passes`: how many turns this replica may hold or ask for at once; `signal_to`:
+        how a holder is stopped and continued for a realtime pass (`pause.py`)."""
         self.table = table
         self.model = model
         self.settings = settings
         self.counts = TurnCounts()
         self._clock = clock
         self._alive = is_alive
+        self._signal = signal_to
         self._pid = os.getpid()
         self._model_key = zlib.crc32(model.encode())
         with table.locked():
@@ -154,6 +169,7 @@ class DeviceTurns:
         turn = Turn(index, klass, now)
         s = self.settings
         with self.table.locked() as table:
+            last = table.slot(index)
             table.write(
                 index,
                 Slot(
@@ -167,7 +183,8 @@ class DeviceTurns:
                     urgent_at=urgent_at,
                     max_hold_s=s.max_hold_s,
                     model_key=self._model_key,
-                    **self._busy_of(table.slot(index)),
+                    busy=last.busy,
+                    busy_at=last.busy_at,
                 ),
             )
             granted = self._fill(table, now, reap=False)
@@ -344,6 +361,26 @@ class DeviceTurns:
         self._wake(granted)
         self._give_back_slot(turn.slot)
 
+    # A realtime pass first (pause.py).
+
+    def pause_lower(self, klass: int) -> tuple[list[int], float]:
+        """Stops the other processes holding turns of classes below `klass` for this
+        process's pass; give the result to `resume`."""
+        now = self._clock()
+        with self.table.locked() as table:
+            shares = _shares(table, table.header(), now)
+            paused = pause_lower(table, self._pid, klass, now, shares, self._signal)
+        self.counts.paused += len(paused)
+        return paused, now
+
+    def resume(self, paused: tuple[list[int], float]) -> None:
+        slots, since = paused
+        if not slots:
+            return
+        with self.table.locked() as table:
+            resume(table, self._pid, slots, self._signal)
+        self.counts.paused_s += max(0.0, self._clock() - since)
+
     # Reading the device.
 
     def shares(self) -> dict[int, float]:
@@ -371,6 +408,9 @@ class DeviceTurns:
             "waiting": sum(1 for _, s in slots if s.state == WAITING),
             "share": round(shares.get(self._model_key, 0.0), 4),
             "taken_back": self.counts.taken_back,
+            "paused": self.counts.paused,
+            "paused_s": round(self.counts.paused_s, 6),
+            "continued_stale": self.counts.continued_stale,
             "by_class": {
                 klass: {
                     "turns": c.turns,
@@ -401,9 +441,17 @@ class DeviceTurns:
     def _fill(self, table: TurnTable, now: float, reap: bool) -> list[int]:
         """Grants waiting passes, most urgent first, while capacity allows (one pass
         always may run, whatever its weight); `reap` first frees turns whose holder died
-        or held too long, and slots of dead waiters. Returns the slots granted."""
+        or held too long, slots of dead waiters, and stops (`pause.py`) whose stopper died
+        or overran. While a holder is stopped for a realtime pass, only realtime passes
+        are granted: a lower one would take the cores the stop freed. Returns the slots
+        granted."""
+        if reap:
+            self.counts.continued_stale += resume_stale(
+                table, now, self._alive, signal_to=self._signal
+            )
         header = table.header()
         held = 0
+        paused = False
         waiters: list[Waiter] = []
         for index, row in enumerate(table.rows(header.high_water)):
             state, pid = row[STATE], row[PID]
@@ -419,6 +467,7 @@ class DeviceTurns:
                     self.counts.taken_back += 1
                     continue
                 held += int(row[WEIGHT])
+                paused = paused or bool(row[PAUSED_BY])
             elif state == WAITING:
                 waiters.append(_waiter(index, row, now))
         granted: list[int] = []
@@ -430,6 +479,8 @@ class DeviceTurns:
             assert best is not None
             if held > 0 and held + best.weight > header.capacity:
                 break  # no smaller pass jumps ahead of the most urgent one
+            if paused and best.klass > REALTIME:
+                break
             table.grant(best.slot, now)
             held += best.weight
             waiters.remove(best)
@@ -469,10 +520,6 @@ class DeviceTurns:
         header.device_busy = decayed(header.device_busy, header.device_busy_at, now, tau) + held_s
         header.device_busy_at = now
         table.write_header(header)
-
-    @staticmethod
-    def _busy_of(s: Slot) -> dict[str, float]:
-        return {"busy": s.busy, "busy_at": s.busy_at}
 
     # Around the lock.
 

@@ -65,9 +65,13 @@ class ForwardPasses:
         failed with."""
         lane = await self.gate.acquire(priority)
         try:
-            # The lane runs beside the pass holding the device: it takes no device turn.
-            if lane or self.turns is None:
+            if self.turns is None:
                 return await self._run_live(priority, items, lane)
+            # The lane runs beside the pass holding the device: it takes no device turn,
+            # and stops other models' lower passes while it runs (first_on_the_cores).
+            if lane:
+                with self.turns.first_on_the_cores(priority):
+                    return await self._run_live(priority, items, lane)
             urgent_at = self._urgent_at(priority, items)
             taken = None
             if priority is Priority.REALTIME and self.gate.lane_free:
@@ -77,7 +81,8 @@ class ForwardPasses:
                     # than after it.
                     self.gate.move_to_lane()
                     lane = True
-                    return await self._run_live(priority, items, lane)
+                    with self.turns.first_on_the_cores(priority):
+                        return await self._run_live(priority, items, lane)
             # Then the device's turn, shared with other models' replicas: the most
             # urgent pass on the device goes first (replicas/device_turns.py).
             # Behind this pass wait the replica's other batches: its turn is asked for at
@@ -90,7 +95,8 @@ class ForwardPasses:
                 nudge=self.gate.waiter_came,
                 taken=taken,
             ):
-                return await self._run_live(priority, items)
+                with self.turns.first_on_the_cores(priority):
+                    return await self._run_live(priority, items)
         finally:
             self.gate.release(lane, priority)
 
