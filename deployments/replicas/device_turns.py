@@ -114,7 +114,9 @@ class ReplicaTurns:
         try:
             yield
         finally:
-            self.turns.resume(paused)
+            seconds = self.turns.resume(paused)
+            if paused[0]:
+                self._metrics.device_paused(self._model, len(paused[0]), seconds)
 
     def take_now(self, priority: Priority, urgent_at: float = math.inf) -> Turn | None:
         """A turn if the device has one free this moment (or kept one for this replica),

@@ -261,23 +261,28 @@ def test_a_real_holder_is_stopped_for_the_realtime_pass_and_goes_on_after(
 # lock in between. Nobody may wait on that lock for ever.
 
 
-def _churn(path: str, rounds: int, done: str) -> None:
-    """Takes and gives back batch-class turns as fast as it can."""
+def _churn(path: str, seconds: float, done: str) -> None:
+    """Takes and gives back batch-class turns as fast as it can, for `seconds`."""
     turns = DeviceTurns(TurnTable(Path(path), 4, 2.0), "churn", TurnSettings(min_share=0.0))
-    for _ in range(rounds):
+    rounds = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
         turn, granted = turns.try_acquire(BATCH)
         if granted:
             turns.release(turn)
         else:
             turns.withdraw(turn)
-    Path(done).write_text("done")
+        rounds += 1
+    Path(done).write_text(str(rounds))
 
 
 def test_stops_that_land_inside_the_lock_never_deadlock_the_device(tmp_path: Path) -> None:
+    """Before the table's lock gave up waiting on a stopped holder, this hung within a
+    second: the churner stopped inside the lock, and this process waiting for it."""
     path, done = tmp_path / "dev.turns", tmp_path / "done"
     holder = DeviceTurns(TurnTable(path, 4, 2.0), "holder", TurnSettings(min_share=0.0))
     proc = multiprocessing.get_context("spawn").Process(
-        target=_churn, args=(str(path), 20000, str(done))
+        target=_churn, args=(str(path), 2.0, str(done))
     )
     proc.start()
     try:
@@ -291,9 +296,10 @@ def test_stops_that_land_inside_the_lock_never_deadlock_the_device(tmp_path: Pat
             paused = live.pause_lower(REALTIME)
             pauses += bool(paused[0])
             live.resume(paused)
-        assert pauses > 0
+            time.sleep(0.0002)
         proc.join(30)
         assert proc.exitcode == 0
+        assert pauses > 0 and int(done.read_text()) > 0
     finally:
         proc.kill()
         proc.join(10)

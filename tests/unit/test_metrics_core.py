@@ -68,6 +68,7 @@ def test_every_record_carries_exactly_its_series_labels(
     metrics.batch_lines_waiting(40)
     metrics.device_turn("m", "realtime", 0.001, 0.02)
     metrics.device_share("m", 0.25)
+    metrics.device_paused("m", 2, 0.012)
     assert {s.name for s, _, _ in recorder.records} == {s.name for s in SERIES}
     for series, _, labels in recorder.records:
         assert tuple(labels) == series.labels, series.name

@@ -373,13 +373,16 @@ class DeviceTurns:
         self.counts.paused += len(paused)
         return paused, now
 
-    def resume(self, paused: tuple[list[int], float]) -> None:
+    def resume(self, paused: tuple[list[int], float]) -> float:
+        """Continues what `pause_lower` stopped; returns for how long it was stopped."""
         slots, since = paused
         if not slots:
-            return
+            return 0.0
         with self.table.locked() as table:
             resume(table, self._pid, slots, self._signal)
-        self.counts.paused_s += max(0.0, self._clock() - since)
+        stopped_s = max(0.0, self._clock() - since)
+        self.counts.paused_s += stopped_s
+        return stopped_s
 
     # Reading the device.
 

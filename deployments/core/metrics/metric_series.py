@@ -139,6 +139,19 @@ DEVICE_SHARE = Series(
     "the arbiter ranks it against min_share.",
     ("model",),
 )
+DEVICE_PAUSED = Series(
+    "tributary_device_paused_seconds",
+    Kind.COUNTER,
+    "Seconds the model's realtime passes kept other models' lower-class passes on its "
+    "device stopped (device_arbiter.pause_for_realtime); counted when they are continued.",
+    ("model",),
+)
+DEVICE_PAUSES = Series(
+    "tributary_device_pauses",
+    Kind.COUNTER,
+    "Other models' passes the model's realtime passes stopped while they ran.",
+    ("model",),
+)
 BATCH_SIZE = Series(
     "tributary_batch_size",
     Kind.HISTOGRAM,
@@ -361,6 +374,8 @@ SERIES: tuple[Series, ...] = (
     DEVICE_TURNS,
     DEVICE_HELD,
     DEVICE_SHARE,
+    DEVICE_PAUSED,
+    DEVICE_PAUSES,
     BATCH_SIZE,
     BATCH_ITEMS,
     BATCH_TOKENS,

@@ -41,6 +41,8 @@ from deployments.core.metrics.metric_series import (
     DEADLINE,
     DEVICE_HELD,
     DEVICE_MEMORY,
+    DEVICE_PAUSED,
+    DEVICE_PAUSES,
     DEVICE_SHARE,
     DEVICE_TURN_WAIT,
     DEVICE_TURNS,
@@ -96,6 +98,8 @@ __all__ = [
     "DEADLINE",
     "DEVICE_HELD",
     "DEVICE_MEMORY",
+    "DEVICE_PAUSED",
+    "DEVICE_PAUSES",
     "DEVICE_SHARE",
     "DEVICE_TURNS",
     "DEVICE_TURN_WAIT",
@@ -274,6 +278,11 @@ class TributaryMetrics:
 
     def device_share(self, model: str, share: float) -> None:
         self._put(DEVICE_SHARE, share, model=model)
+
+    def device_paused(self, model: str, passes: int, seconds: float) -> None:
+        """A realtime pass of `model` ended that had stopped `passes` others' passes."""
+        self._put(DEVICE_PAUSES, passes, model=model)
+        self._put(DEVICE_PAUSED, seconds, model=model)
 
     def items_dropped(self, model: str, priority: str, reason: str, count: int) -> None:
         self._put(DROPPED_ITEMS, count, model=model, priority=priority, reason=reason)
