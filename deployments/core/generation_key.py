@@ -30,7 +30,8 @@ GREEDY_BELOW_TEMPERATURE = 1e-6
 # In every generation key: a change to what goes into it gets new keys.
 GENERATION_KEY_FORMAT = "generate-v1"
 
-NOT_IN_KEY = frozenset({"request_id"})
+# How the answer travels, not what it is: a whole and a streamed request share an entry.
+NOT_IN_KEY = frozenset({"request_id", "whole"})
 # Read only when sampling; a greedy row ignores them (sampling.py, `sample_rows`).
 SAMPLING_ONLY = frozenset({"temperature", "top_p", "seed"})
 

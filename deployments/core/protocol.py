@@ -130,6 +130,10 @@ class GenerationJob:
     top_p: float = 1.0
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    # The client takes the answer whole (no `stream`): after the first chunk, the replica
+    # sends the rest as one, at the end. Each chunk is an object through Ray on both sides;
+    # one a token cost the ingress and the replica more CPU than the tiny model's steps.
+    whole: bool = False
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,19 @@ async def test_tokens_stream_and_the_last_chunk_says_length() -> None:
     assert events[-1].prompt_tokens == 2
 
 
+async def test_a_whole_answer_comes_as_its_first_chunk_and_the_rest_at_the_end() -> None:
+    engine = FakeEngine()
+    streamed = await drive(
+        engine, worker(engine).run(Priority.NORMAL, GenerationJob("r1", 6, prompt="a"), None)
+    )
+    whole_job = GenerationJob("r2", 6, prompt="a", whole=True)
+    whole = await drive(engine, worker(engine).run(Priority.NORMAL, whole_job, None))
+    assert len(streamed) == 6 and len(whole) == 2
+    assert "".join(e.text for e in whole) == "".join(e.text for e in streamed)
+    assert whole[0].text == "w0 " and whole[-1].finish_reason == "length"
+    assert whole[-1].completion_tokens == 6
+
+
 async def test_prompt_over_the_window_is_a_400_naming_it() -> None:
     engine = FakeEngine()
     job = GenerationJob("r1", max_tokens=10, prompt="x " * 45)

@@ -196,6 +196,7 @@ def build_job(
         "top_p": request.top_p,
         "seed": request.seed,
         "stop": stop,
+        "whole": not request.stream,
     }
     if isinstance(request, ChatCompletionRequest):
         messages = [{"role": m.role, "content": m.text()} for m in request.messages]

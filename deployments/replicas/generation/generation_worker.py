@@ -196,6 +196,7 @@ class GenerationWorker:
         text = TextStream(self.lm.decode, job.stop)
         finished = False
         sent_any = False
+        held = ""  # a whole answer's text after its first chunk, sent at the end
         output: EngineOutput | None = None
         tokens_seen, last_token_at = 0, arrived
         try:
@@ -232,9 +233,12 @@ class GenerationWorker:
                 reason: FinishReason | None = None
                 if finished:
                     reason = "stop" if delta.stopped or output.hit_eos else "length"
-                if delta.text or finished or not sent_any:
+                if job.whole and sent_any and not finished:
+                    held += delta.text
+                elif delta.text or finished or not sent_any:
                     sent_any = True
-                    yield GenerationChunk(delta.text, len(prompt), len(output.tokens), reason)
+                    chunk_text, held = held + delta.text, ""
+                    yield GenerationChunk(chunk_text, len(prompt), len(output.tokens), reason)
             self.counts["completed"] += 1
         finally:
             if output is not None:
