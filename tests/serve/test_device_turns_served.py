@@ -25,6 +25,15 @@ def turns_of(server: Server, model: str) -> dict:
     return turns
 
 
+def batch_rerank(server: Server, query: str) -> httpx.Response:
+    return httpx.post(
+        f"{server.url}/v1/rerank",
+        json={"model": RERANK_MODEL, "query": query, "documents": ["one", "two"]},
+        headers={**AUTH, "X-Priority": "batch"},
+        timeout=60,
+    )
+
+
 def test_every_model_takes_turns_at_one_table_per_class(server: Server) -> None:
     before = turns_of(server, MODEL)["by_class"].get("realtime", {}).get("turns", 0)
     for _ in range(3):
@@ -35,13 +44,7 @@ def test_every_model_takes_turns_at_one_table_per_class(server: Server) -> None:
             timeout=60,
         )
         assert response.status_code == 200
-    rerank = httpx.post(
-        f"{server.url}/v1/rerank",
-        json={"model": RERANK_MODEL, "query": "turns", "documents": ["one", "two"]},
-        headers={**AUTH, "X-Priority": "batch"},
-        timeout=60,
-    )
-    assert rerank.status_code == 200
+    assert batch_rerank(server, "turns").status_code == 200
     chat = httpx.post(
         f"{server.url}/v1/chat/completions",
         json={"model": LLM, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8},
@@ -150,10 +153,4 @@ def test_realtime_passes_get_their_turns_beside_another_models_flood(server: Ser
     assert (embedder["paused"] == 0) == (embedder["paused_s"] == 0)
     reranker_pid = stats(server)["models"][RERANK_MODEL]["replica"]["pid"]
     assert process_state(reranker_pid) != "T"
-    after_flood = httpx.post(
-        f"{server.url}/v1/rerank",
-        json={"model": RERANK_MODEL, "query": "after", "documents": ["one", "two"]},
-        headers={**AUTH, "X-Priority": "batch"},
-        timeout=60,
-    )
-    assert after_flood.status_code == 200
+    assert batch_rerank(server, "after the flood").status_code == 200

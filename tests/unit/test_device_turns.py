@@ -10,11 +10,13 @@ import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
 
 from deployments.core.device_turns.order import Waiter, next_waiter
+from deployments.core.device_turns.pause import Signal, send_signal
 from deployments.core.device_turns.table import HOLDING, TurnTable
 from deployments.core.device_turns.turns import DeviceTurns, TurnSettings
 
@@ -71,7 +73,12 @@ def test_a_model_below_its_min_share_goes_first_whatever_its_class() -> None:
 
 
 def replicas(
-    tmp_path: Path, clock: Clock, *settings: TurnSettings, capacity: int = 1, pids: list[int]
+    tmp_path: Path,
+    clock: Clock,
+    *settings: TurnSettings,
+    capacity: int = 1,
+    pids: Collection[int],
+    signal_to: Signal = send_signal,
 ) -> list[DeviceTurns]:
     """Several replicas on one table, each posing as its own pid."""
     out = []
@@ -82,6 +89,7 @@ def replicas(
             s,
             clock=clock,
             is_alive=lambda pid: pid in pids,
+            signal_to=signal_to,
         )
         out.append(turns)
     return out

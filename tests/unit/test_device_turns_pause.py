@@ -17,16 +17,8 @@ from deployments.core.device_turns.table import TurnTable
 from deployments.core.device_turns.turns import DeviceTurns, TurnSettings
 from deployments.core.priority import Priority
 from deployments.replicas.device_turns import ReplicaTurns
-
-REALTIME, NORMAL, BATCH = 0, 1, 2
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.test_device_turns import BATCH, NORMAL, REALTIME, Clock, pose_as
+from tests.unit.test_device_turns import replicas as base_replicas
 
 
 class Signals:
@@ -51,26 +43,14 @@ def replicas(
     alive: set[int] | None = None,
 ) -> list[DeviceTurns]:
     """Replicas on one table, the n-th posing as pid 101 + n."""
-    pids = {101 + i for i in range(len(settings))}
-    living = alive if alive is not None else pids
-    out = []
-    for i, s in enumerate(settings):
-        turns = DeviceTurns(
-            TurnTable(tmp_path / "dev.turns", capacity, 2.0),
-            f"model-{i}",
-            s,
-            clock=clock,
-            is_alive=lambda pid: pid in living,
-            signal_to=signals,
-        )
-        with turns.table.locked() as table:
-            for index in turns._slots:
-                slot = table.slot(index)
-                slot.pid = 101 + i
-                table.write(index, slot)
-        turns._pid = 101 + i
-        out.append(turns)
-    return out
+    pids = [101 + i for i in range(len(settings))]
+    living = alive if alive is not None else set(pids)
+    made = base_replicas(
+        tmp_path, clock, *settings, capacity=capacity, pids=living, signal_to=signals
+    )
+    for turns, pid in zip(made, pids, strict=True):
+        pose_as(turns, pid)
+    return made
 
 
 @pytest.fixture
