@@ -112,7 +112,8 @@ def config_with(
     one_card = args.one_card
     config = load_config(args.config) if args.config else load_config()
     app = config["applications"][0]["args"]
-    app["device_arbiter"] = {"enabled": arbiter, "pause_for_realtime": pause}
+    # The config's other arbiter settings (passes_at_once, ...) stay as it has them.
+    app.setdefault("device_arbiter", {}).update(enabled=arbiter, pause_for_realtime=pause)
     for kind in ("embedding_models", "rerank_models", "generation_models"):
         for model in app.get(kind, []):
             if priorities and model["name"] in priorities:
