@@ -158,8 +158,12 @@ class TurnTable:
     def _continue_stopped(self) -> None:
         """SIGCONT to every process the table says is stopped, read without the lock (a
         continue sent to a process that runs changes nothing)."""
-        end = HEADER_SIZE + SLOTS * SLOT_SIZE
-        for row in SLOT.iter_unpack(self._map[HEADER_SIZE:end]):
+        # Read from the file, not the map: opening the table takes this lock before the map
+        # exists.
+        data = os.pread(self._fd, FILE_SIZE, 0)
+        if len(data) != FILE_SIZE or HEADER.unpack_from(data)[:2] != (MAGIC, LAYOUT_VERSION):
+            return
+        for row in SLOT.iter_unpack(data[HEADER_SIZE:]):
             if row[PAUSED_BY] and row[STATE] != FREE:
                 with suppress(ProcessLookupError, PermissionError):
                     os.kill(int(row[PID]), signal.SIGCONT)
