@@ -110,13 +110,13 @@ class ReplicaTurns:
         if not self._pause_for_realtime or priority is not Priority.REALTIME:
             yield
             return
-        paused = self.turns.pause_lower(int(priority))
+        stop = self.turns.pause_lower(int(priority))
         try:
             yield
         finally:
-            seconds = self.turns.resume(paused)
-            if paused[0]:
-                self._metrics.device_paused(self._model, len(paused[0]), seconds)
+            seconds = self.turns.resume(stop)
+            if stop.slots:
+                self._metrics.device_paused(self._model, len(stop.slots), seconds)
 
     def take_now(self, priority: Priority, urgent_at: float = math.inf) -> Turn | None:
         """A turn if the device has one free this moment (or kept one for this replica),

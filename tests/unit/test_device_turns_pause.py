@@ -80,7 +80,7 @@ def test_a_realtime_pass_stops_lower_holders_of_other_processes_and_continues_th
     assert signals.of(signal.SIGCONT) == [101]
     assert live.counts.paused_s == pytest.approx(0.01)
     # A lower pass never stops anyone.
-    assert bulk.pause_lower(BATCH)[0] == []
+    assert bulk.pause_lower(BATCH).slots == []
     for turns, turn in ((bulk, t_bulk), (steady, t_steady), (live, t_live)):
         turns.release(turn)
 
@@ -98,7 +98,7 @@ def test_a_model_owed_its_min_share_is_not_stopped(
     bulk.release(t)
     t_bulk, _ = bulk.try_acquire(BATCH)
     paused = live.pause_lower(REALTIME)
-    assert paused[0] == [] and signals.sent == []
+    assert paused.slots == [] and signals.sent == []
     bulk.release(t_bulk)
 
 
@@ -164,7 +164,7 @@ def test_a_process_holding_two_turns_is_stopped_once_and_continued_once(
             slot.pid = 200
             t.write(index, slot)
     paused_a = a.pause_lower(REALTIME)
-    assert signals.of(signal.SIGSTOP) == [200] and len(paused_a[0]) == 2
+    assert signals.of(signal.SIGSTOP) == [200] and len(paused_a.slots) == 2
     a.resume(paused_a)
     assert signals.of(signal.SIGCONT) == [200]
 
@@ -222,7 +222,7 @@ def test_a_real_holder_is_stopped_for_the_realtime_pass_and_goes_on_after(
             time.sleep(0.01)
         live = DeviceTurns(TurnTable(path, 2, 2.0), "live", TurnSettings())
         paused = live.pause_lower(REALTIME)
-        assert len(paused[0]) == 1
+        assert len(paused.slots) == 1
         time.sleep(0.1)  # the stop lands
         stopped_at = _count(counter)
         time.sleep(0.2)
@@ -274,7 +274,7 @@ def test_stops_that_land_inside_the_lock_never_deadlock_the_device(tmp_path: Pat
             # Pose as a realtime pass of a third process: stop every lower holder (the
             # churner, whenever it holds a turn), then continue it.
             paused = live.pause_lower(REALTIME)
-            pauses += bool(paused[0])
+            pauses += bool(paused.slots)
             live.resume(paused)
             time.sleep(0.0002)
         proc.join(30)

@@ -8,18 +8,18 @@ its idle one, docs/benchmarks.md). Nothing inside a pass can be told to yield (O
 and OpenVINO run a graph as one call), but its process can be stopped (SIGSTOP) and
 continued (SIGCONT): the pass resumes where it was, later by the realtime pass's length.
 
-Safety. The stop is sent with the table's lock held, so a stopped process never holds that
-lock. Every stop is written into the stopped holder's slot (by whom, since when); the one
-that stopped it continues it when its pass ends, and anyone who looks at the table for a
-turn continues a holder whose stopper died or that was stopped longer than `max_pause_s`
-(a pass that hangs), so no process is left stopped by a failure of another. A model below
-its `min_share` is not stopped: the ageing that keeps a low class moving still holds.
+Safety. The stop is sent with the table's lock held, but lands a moment later, and in that
+moment the stopped process may take the lock: whoever then waits for the lock past a few
+milliseconds continues it (table.py, `_take_file_lock`). Every stop is written into the
+stopped holder's slot (by whom, since when); the one that stopped it continues it when its
+pass ends, and anyone who looks at the table for a turn continues a holder whose stopper
+died or that was stopped longer than `MAX_PAUSE_S` (a pass that hangs), so no process is
+left stopped by a failure of another. A model below its `min_share` is not stopped: the
+ageing that keeps a low class moving still holds.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 from collections.abc import Callable, Mapping
 
@@ -34,6 +34,8 @@ from deployments.core.device_turns.table import (
     PID,
     STATE,
     TurnTable,
+    send_signal,
+    stopped_pids,
 )
 
 REALTIME = 0  # the class's value (core/priority.Priority)
@@ -44,22 +46,17 @@ MAX_PAUSE_S = 0.5
 Signal = Callable[[int, int], None]
 
 
-def send_signal(pid: int, sig: int) -> None:
-    """os.kill, quiet about a process that is gone or not ours to signal."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
-
-
 def pause_lower(
     table: TurnTable,
     me: int,
     klass: int,
     now: float,
-    shares: Mapping[int, float],
+    shares: Callable[[], Mapping[int, float]],
     signal_to: Signal = send_signal,
 ) -> list[int]:
     """Under the lock: stops every other process holding a turn of a class below `klass`
-    (a larger number) whose model is not owed its min_share; returns the slots stopped."""
+    (a larger number) whose model is not owed its min_share; returns the slots stopped.
+    `shares` is read only where a holder has a min_share to weigh."""
     paused: list[int] = []
     stopped: set[int] = set()
     for index, row in enumerate(table.rows(table.header().high_water)):
@@ -67,7 +64,7 @@ def pause_lower(
         if row[STATE] != HOLDING or pid == me or row[KLASS] <= klass or row[PAUSED_BY]:
             continue
         min_share = row[MIN_SHARE]
-        if min_share > 0 and shares.get(int(row[MODEL_KEY]), 0.0) < min_share:
+        if min_share > 0 and shares().get(int(row[MODEL_KEY]), 0.0) < min_share:
             continue
         slot = table.slot(index)
         slot.paused_by, slot.paused_at = me, now
@@ -121,10 +118,6 @@ def _continue(table: TurnTable, pids: set[int], signal_to: Signal) -> None:
     """SIGCONT to each pid none of whose slots another live stop still holds."""
     if not pids:
         return
-    still = {
-        int(row[PID])
-        for row in table.rows(table.header().high_water)
-        if row[PAUSED_BY] and row[STATE] != FREE
-    }
+    still = stopped_pids(table.rows(table.header().high_water))
     for pid in pids - still:
         signal_to(pid, signal.SIGCONT)

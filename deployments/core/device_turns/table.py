@@ -22,7 +22,7 @@ import signal
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +57,17 @@ _STATE_OFFSET, _GRANTED_AT_OFFSET = 4, 48
 # The lock is held for microseconds, so a wait of milliseconds is a stopped holder.
 LOCK_POLL_S = 0.00005
 STOPPED_HOLDER_S = 0.005
+
+
+def send_signal(pid: int, sig: int) -> None:
+    """os.kill, quiet about a process that is gone or not ours to signal."""
+    with suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def stopped_pids(rows: Iterable[tuple[int | float, ...]]) -> set[int]:
+    """The processes of these slot rows that a realtime pass has stopped (pause.py)."""
+    return {int(row[PID]) for row in rows if row[PAUSED_BY] and row[STATE] != FREE}
 
 
 @dataclass
@@ -163,10 +174,8 @@ class TurnTable:
         data = os.pread(self._fd, FILE_SIZE, 0)
         if len(data) != FILE_SIZE or HEADER.unpack_from(data)[:2] != (MAGIC, LAYOUT_VERSION):
             return
-        for row in SLOT.iter_unpack(data[HEADER_SIZE:]):
-            if row[PAUSED_BY] and row[STATE] != FREE:
-                with suppress(ProcessLookupError, PermissionError):
-                    os.kill(int(row[PID]), signal.SIGCONT)
+        for pid in stopped_pids(SLOT.iter_unpack(data[HEADER_SIZE:])):
+            send_signal(pid, signal.SIGCONT)
 
     # Everything below is called with the lock held.
 

@@ -14,6 +14,7 @@ generation engine's step runs on its own thread).
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import os
 import select
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from deployments.core.device_turns.order import Waiter, next_waiter, urgency
 from deployments.core.device_turns.pause import (
@@ -34,7 +36,6 @@ from deployments.core.device_turns.pause import (
     pause_lower,
     resume,
     resume_stale,
-    send_signal,
 )
 from deployments.core.device_turns.table import (
     FREE,
@@ -57,6 +58,7 @@ from deployments.core.device_turns.table import (
     Slot,
     TurnTable,
     decayed,
+    send_signal,
 )
 
 Clock = Callable[[], float]
@@ -93,6 +95,13 @@ class Turn:
     @property
     def waited_s(self) -> float:
         return self.granted_at - self.asked_at
+
+
+class Stop(NamedTuple):
+    """What a realtime pass stopped (`DeviceTurns.pause_lower`), for `resume`."""
+
+    slots: list[int]
+    since: float
 
 
 @dataclass
@@ -363,19 +372,23 @@ class DeviceTurns:
 
     # A realtime pass first (pause.py).
 
-    def pause_lower(self, klass: int) -> tuple[list[int], float]:
+    def pause_lower(self, klass: int) -> Stop:
         """Stops the other processes holding turns of classes below `klass` for this
         process's pass; give the result to `resume`."""
         now = self._clock()
         with self.table.locked() as table:
-            shares = _shares(table, table.header(), now)
+
+            @functools.cache
+            def shares() -> dict[int, float]:
+                return _shares(table, table.header(), now)
+
             paused = pause_lower(table, self._pid, klass, now, shares, self._signal)
         self.counts.paused += len(paused)
-        return paused, now
+        return Stop(paused, now)
 
-    def resume(self, paused: tuple[list[int], float]) -> float:
+    def resume(self, stop: Stop) -> float:
         """Continues what `pause_lower` stopped; returns for how long it was stopped."""
-        slots, since = paused
+        slots, since = stop
         if not slots:
             return 0.0
         with self.table.locked() as table:

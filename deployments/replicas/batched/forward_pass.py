@@ -16,6 +16,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 from deployments.core.batching.batch_tuner import BatchTuner
@@ -65,13 +66,9 @@ class ForwardPasses:
         failed with."""
         lane = await self.gate.acquire(priority)
         try:
-            if self.turns is None:
+            # The lane runs beside the pass holding the device: it takes no device turn.
+            if lane or self.turns is None:
                 return await self._run_live(priority, items, lane)
-            # The lane runs beside the pass holding the device: it takes no device turn,
-            # and stops other models' lower passes while it runs (first_on_the_cores).
-            if lane:
-                with self.turns.first_on_the_cores(priority):
-                    return await self._run_live(priority, items, lane)
             urgent_at = self._urgent_at(priority, items)
             taken = None
             if priority is Priority.REALTIME and self.gate.lane_free:
@@ -81,8 +78,7 @@ class ForwardPasses:
                     # than after it.
                     self.gate.move_to_lane()
                     lane = True
-                    with self.turns.first_on_the_cores(priority):
-                        return await self._run_live(priority, items, lane)
+                    return await self._run_live(priority, items, lane)
             # Then the device's turn, shared with other models' replicas: the most
             # urgent pass on the device goes first (replicas/device_turns.py).
             # Behind this pass wait the replica's other batches: its turn is asked for at
@@ -95,8 +91,7 @@ class ForwardPasses:
                 nudge=self.gate.waiter_came,
                 taken=taken,
             ):
-                with self.turns.first_on_the_cores(priority):
-                    return await self._run_live(priority, items)
+                return await self._run_live(priority, items)
         finally:
             self.gate.release(lane, priority)
 
@@ -131,9 +126,18 @@ class ForwardPasses:
         self._note_drops(priority, marks, items)
         results: list[Any] = []
         if live:
-            results, report = await self._threads.run(
-                run_split, live, self._compute, is_memory_fault, release_cached_memory, lane=lane
-            )
+            # A realtime pass stops other models' lower passes while it computes, on the
+            # lane or not (replicas/device_turns.py, `first_on_the_cores`).
+            first = nullcontext() if self.turns is None else self.turns.first_on_the_cores(priority)
+            with first:
+                results, report = await self._threads.run(
+                    run_split,
+                    live,
+                    self._compute,
+                    is_memory_fault,
+                    release_cached_memory,
+                    lane=lane,
+                )
             if not lane:  # the lane is not a pass slot: autoscaling reads the slots' share
                 self.busy.ran(time.monotonic() - started)
             self._counters.ran(priority, len(live))
