@@ -272,3 +272,33 @@ def test_a_full_pass_alone_is_bounded_in_time_and_waits_for_a_fit() -> None:
     assert plan.max_batch_tokens == 950 and "alone" in plan.why
     # the capacity counts the pass the time bound allows: 59 rows of 16 tokens
     assert tuner.full_pass_rows_per_s() == pytest.approx(59 / COST.predict_s(59, 59 * 16))
+
+
+def test_a_class_matches_the_passes_the_classes_above_are_running() -> None:
+    clock = Clock()
+    limits = {
+        **LIMITS,
+        "batch": ClassLimits(
+            64, 128, 0.05, target_s=None, alone_max_batch_tokens=16384, alone_max_pass_s=0.1
+        ),
+    }
+    tuner = BatchTuner(list(limits), clock=clock)
+    tuner.configure(limits, adaptive=False)
+    tuner.arrived("normal", 8)  # normal is busy: no passes alone
+    # no fit yet: how long a matching pass takes is unknown, so the passes stay short
+    tuner.ran("normal", 20, 400, 0.045)
+    assert tuner.plans()["batch"].max_batch_tokens == 128
+    for rows in range(1, 33):
+        tuner.ran("batch", rows, rows * 16, COST.predict_s(rows, rows * 16))
+    clock.now += 1.5  # those passes are past: only what normal runs next counts
+    tuner.ran("normal", 20, 400, COST.predict_s(20, 400))
+    tuner.ran("normal", 30, 600, COST.predict_s(30, 600))
+    plan = tuner.plans()["batch"]
+    assert plan.max_batch_tokens == 500 and "in company" in plan.why  # their mean
+    tuner.ran("normal", 64, 4096, COST.predict_s(64, 4096))
+    # never past the time bound of a pass alone: 950 tokens within 100 ms
+    assert tuner.plans()["batch"].max_batch_tokens == 950
+    clock.now += 1.1
+    tuner.arrived("normal", 8)  # normal is still there but ran nothing for a second
+    assert tuner.plans()["batch"].max_batch_tokens == 128
+    assert tuner.plans()["normal"].max_batch_tokens == 8192  # a class above is untouched
