@@ -20,10 +20,12 @@ from tests.fakes import Clock
 RT, NORMAL, BATCH = Priority.REALTIME, Priority.NORMAL, Priority.BATCH
 
 
-def measured(items_per_s: float, floor_s: float, capacity: bool = True) -> WaitPredictor:
+def measured(
+    items_per_s: float, floor_s: float, capacity: bool = True, clock: Clock | None = None
+) -> WaitPredictor:
     """A predictor that has seen calls of 10 items at `items_per_s`, the fastest `floor_s`."""
-    clock = Clock()
-    predictor = WaitPredictor(BusyRate(window_s=0.5, min_work=10, clock=clock))
+    clock = clock or Clock()
+    predictor = WaitPredictor(BusyRate(window_s=0.5, min_work=10, clock=clock), clock=clock)
     for _ in range(20):
         predictor.rate.started()
         clock.now += 10 / items_per_s
@@ -55,9 +57,17 @@ def test_before_a_fit_the_prediction_is_the_floor_plus_the_queue_term() -> None:
     assert prediction.seconds == pytest.approx(0.02 + 0.5)
 
 
-def feed(predictor: WaitPredictor, priority: Priority, latency: Callable[[float], float]) -> None:
-    """Admitted requests with 0 to 99 items ahead, each answered after latency(q)."""
+def feed(
+    predictor: WaitPredictor,
+    priority: Priority,
+    latency: Callable[[float], float],
+    clock: Clock | None = None,
+) -> None:
+    """Admitted requests with 0 to 99 items ahead, each answered after latency(q), one
+    every 50 ms of `clock` where one is given."""
     for k in range(300):
+        if clock is not None:
+            clock.now += 0.05
         prediction = predictor.predict(priority, k % 100, 1)
         assert prediction is not None
         predictor.observe(priority, prediction, latency(prediction.queue_s))
@@ -73,8 +83,11 @@ def test_answers_slower_than_the_rate_says_raise_the_slope() -> None:
 
 
 def test_a_delay_every_request_pays_is_a_base_not_a_slope() -> None:
-    predictor = measured(items_per_s=200, floor_s=0.02)
-    feed(predictor, NORMAL, lambda q: 0.3 + q)  # a busy ingress: +300 ms for everyone
+    clock = Clock()
+    predictor = measured(items_per_s=200, floor_s=0.02, clock=clock)
+    # over 15 s: the first answers, cut at four times the floor-plus-queue guess (below),
+    # have faded by the end
+    feed(predictor, NORMAL, lambda q: 0.3 + q, clock)  # a busy ingress: +300 ms for everyone
     short, long = predictor.predict(NORMAL, 0, 1), predictor.predict(NORMAL, 99, 1)
     assert short is not None and long is not None
     assert short.seconds == pytest.approx(0.305, abs=0.01)
@@ -189,3 +202,33 @@ def test_a_capacity_alone_is_a_rate_before_anything_was_measured() -> None:
     predictor.call_took(0.01)
     prediction = predictor.predict(NORMAL, ahead_work=490, work=10)
     assert prediction is not None and prediction.queue_s == pytest.approx(1.0)
+
+
+def test_a_fit_weighs_seconds_not_requests() -> None:
+    """A second of flood taught the class 600 ms answers from 300 requests; the trickle it
+    admits since (20 a second, 150 ms each) outweighs it within seconds, though it counts
+    fewer requests: counted by requests, admission stayed shut long after the flood."""
+    clock = Clock()
+    fit = LatencyFit(clock=clock)
+    for _ in range(300):
+        clock.now += 1 / 300
+        fit.observe(0.1, 0.6)
+    line = fit.line
+    assert line is not None and line.predict_s(0.1) == pytest.approx(0.6, abs=0.01)
+    for _ in range(120):  # six seconds
+        clock.now += 0.05
+        fit.observe(0.1, 0.15)
+    line = fit.line
+    assert line is not None and line.predict_s(0.1) < 0.25
+
+
+def test_a_fit_refits_on_time_while_its_class_admits_little() -> None:
+    clock = Clock()
+    fit = LatencyFit(min_samples=8, refit_every=16, clock=clock)
+    for _ in range(16):
+        fit.observe(0.1, 0.6)
+    clock.now += 10.0
+    for _ in range(8):  # fewer than refit_every: only the fit's age refits it
+        fit.observe(0.1, 0.15)
+    line = fit.line
+    assert line is not None and line.predict_s(0.1) < 0.25

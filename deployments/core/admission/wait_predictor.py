@@ -7,11 +7,12 @@ is that and more: the hop and one pass however short the queue, a pass of anothe
 sits behind, an ingress whose CPU is taken. So each class fits, over the requests it
 admitted in the last 30 s (at least its last 32), measured = base + slope x q by least
 squares (the slope between 0.5 and 8, the base at least 0), and predicts base + slope x q +
-the residuals' 90th percentile: the time about nine in ten such requests beat. The last
-30 s, so that what a cold start or a stall taught is forgotten once it is over; at least
-the last 32, so that a class that admits little keeps its latest evidence; a quantile, not
-a multiple of the standard deviation, so that a few answers held up by a stall do not widen
-the margin past most waits.
+the residuals' 90th percentile: the time about nine in ten such requests beat. Each second
+of that history weighs the same however many requests it admitted, and the weight of a
+second halves in under 3 s (`LatencyFit`), so that what a cold start, a stall or a flood
+taught is forgotten once it is over; at least the last 32, so that a class that admits
+little keeps its latest evidence; a quantile, not a multiple of the standard deviation, so
+that a few answers held up by a stall do not widen the margin past most waits.
 
 A fit, not a single correction factor, because the two errors differ in kind: a rate
 measured too high stretches long queues more than short ones (the slope), while a busy
@@ -39,6 +40,7 @@ past their 10 s deadline). Such predictions teach the fit nothing: their q is a 
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections import deque
 from collections.abc import Callable
@@ -56,6 +58,12 @@ FIT_MAX_AGE_S = 30.0
 # Work a second assumed before any is measured: ~100 short texts a second, what MiniLM does
 # on one slow core. A second or so later the measured rate takes over.
 COLD_START_WORK_PER_S = 2000.0
+# The fit's bins, how fast an old bin's weight fades, how many samples of a bin the margin
+# looks at, and how old a fit may get while samples keep coming.
+BIN_S = 1.0
+TIME_CONSTANT_S = 4.0
+KEPT_PER_BIN = 64
+STALE_FIT_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -76,18 +84,24 @@ class LatencyLine:
 
 
 class LatencyFit:
-    """measured ~ base + slope x q over the last `window` admitted requests of a class:
-    those of the last `max_age_s`, or the last `min_samples` where fewer came since."""
+    """measured ~ base + slope x q over the admitted requests of a class, weighing time,
+    not requests: the samples go into bins of BIN_S, each bin weighs the same however many
+    requests it holds, and older bins weigh less (e-fold every TIME_CONSTANT_S). Counted by
+    requests, a fit over the last few hundred covered under a second in a flood, and once it
+    had taught admission to refuse nearly everything the few requests still admitted took
+    many seconds to outweigh it: admission swung between admitting a flood and refusing
+    everything (normal admissions at 24 a second for 3 s, then 300). Only the last
+    `max_age_s` count, or the last `min_samples` where fewer came since."""
 
     def __init__(
         self,
-        window: int = 256,
         min_samples: int = 32,
         refit_every: int = 16,
         max_age_s: float = FIT_MAX_AGE_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._samples: deque[tuple[float, float, float]] = deque(maxlen=window)
+        self._bins: deque[_Bin] = deque()
+        self._latest: deque[tuple[float, float]] = deque(maxlen=min_samples)
         self._min_samples = min_samples
         self._refit_every = refit_every
         self._max_age_s = max_age_s
@@ -98,29 +112,95 @@ class LatencyFit:
 
     @property
     def line(self) -> LatencyLine | None:
-        """The current fit, refitted from the recent samples once it is `max_age_s` old;
+        """The current fit, refitted once it is STALE_FIT_S old and samples came since (a
+        class admitting little must not keep a fit that stopped it), or `max_age_s` old;
         None before `min_samples` were observed."""
         now = self._clock()
-        if self._line is not None and now - self._fitted_at > self._max_age_s:
+        age = now - self._fitted_at
+        if self._line is not None and (
+            (self._since_fit and age > STALE_FIT_S) or age > self._max_age_s
+        ):
             self._refit(now)
         return self._line
 
     def observe(self, queue_s: float, measured_s: float) -> None:
-        self._samples.append((self._clock(), queue_s, measured_s))
+        now = self._clock()
+        start = now - now % BIN_S
+        if not self._bins or self._bins[-1].start != start:
+            self._bins.append(_Bin(start))
+        self._bins[-1].add(queue_s, measured_s)
+        self._latest.append((queue_s, measured_s))
         self._since_fit += 1
-        if len(self._samples) >= self._min_samples and self._since_fit >= self._refit_every:
-            self._refit(self._clock())
+        if len(self._latest) >= self._min_samples and self._since_fit >= self._refit_every:
+            self._refit(now)
 
     def _refit(self, now: float) -> None:
-        # The last `max_age_s`, but never fewer than the last `min_samples`: a class that
-        # admits little (the fit itself may be why) keeps its latest evidence rather than
-        # falling back to the optimistic prediction of a class that never had a fit.
-        samples = list(self._samples)
-        recent = [(q, m) for at, q, m in samples if now - at <= self._max_age_s]
-        if len(recent) < self._min_samples:
-            recent = [(q, m) for _, q, m in samples[-self._min_samples :]]
-        self._line = fit_line(recent) if len(recent) >= self._min_samples else None
+        while self._bins and now - self._bins[0].start > self._max_age_s:
+            self._bins.popleft()
+        recent = list(self._bins)
+        if sum(b.count for b in recent) >= self._min_samples:
+            weighted = [(b, math.exp(-(now - b.start) / TIME_CONSTANT_S)) for b in recent]
+            self._line = fit_bins(weighted)
+        elif len(self._latest) >= self._min_samples:
+            # A class that admits little (the fit itself may be why) keeps its latest
+            # evidence rather than falling back to the optimistic floor-plus-queue.
+            self._line = fit_line(list(self._latest))
+        else:
+            self._line = None
         self._fitted_at, self._since_fit = now, 0
+
+
+class _Bin:
+    """One BIN_S of samples: the sums a least-squares line needs, and a uniform sample of
+    up to KEPT_PER_BIN of them for the margin's quantile."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.count = 0
+        self.sum_q = self.sum_m = self.sum_qq = self.sum_qm = 0.0
+        self.kept: list[tuple[float, float]] = []
+
+    def add(self, q: float, m: float) -> None:
+        self.count += 1
+        self.sum_q += q
+        self.sum_m += m
+        self.sum_qq += q * q
+        self.sum_qm += q * m
+        if len(self.kept) < KEPT_PER_BIN:
+            self.kept.append((q, m))
+        else:  # reservoir sampling: every sample of the bin equally likely to be kept
+            slot = random.randrange(self.count)
+            if slot < KEPT_PER_BIN:
+                self.kept[slot] = (q, m)
+
+
+def fit_bins(bins: list[tuple[_Bin, float]]) -> LatencyLine:
+    """The line over `bins`, each (bin, its weight), a bin's weight shared by its samples."""
+    total = sum(weight for _, weight in bins)
+    mean_q = sum(w * b.sum_q / b.count for b, w in bins) / total
+    mean_m = sum(w * b.sum_m / b.count for b, w in bins) / total
+    var_q = sum(w * b.sum_qq / b.count for b, w in bins) / total - mean_q**2
+    cov = sum(w * b.sum_qm / b.count for b, w in bins) / total - mean_q * mean_m
+    base, slope = _base_and_slope(mean_q, mean_m, var_q, cov)
+    residuals = sorted((m - base - slope * q, w / len(b.kept)) for b, w in bins for q, m in b.kept)
+    return LatencyLine(base, slope, max(_weighted_quantile(residuals, TAIL), 0.0))
+
+
+def _base_and_slope(mean_q: float, mean_m: float, var_q: float, cov: float) -> tuple[float, float]:
+    # Queues all of one length say nothing of the slope: take the rate at its word.
+    slope = cov / var_q if var_q > 1e-12 else 1.0
+    slope = min(max(slope, MIN_SLOPE), MAX_SLOPE)
+    return max(mean_m - slope * mean_q, 0.0), slope
+
+
+def _weighted_quantile(ordered: list[tuple[float, float]], quantile: float) -> float:
+    total = sum(weight for _, weight in ordered)
+    running = 0.0
+    for value, weight in ordered:
+        running += weight
+        if running >= quantile * total:
+            return value
+    return ordered[-1][0]
 
 
 def fit_line(samples: list[tuple[float, float]]) -> LatencyLine:
@@ -129,10 +209,7 @@ def fit_line(samples: list[tuple[float, float]]) -> LatencyLine:
     mean_m = sum(m for _, m in samples) / n
     var_q = sum((q - mean_q) ** 2 for q, _ in samples) / n
     cov = sum((q - mean_q) * (m - mean_m) for q, m in samples) / n
-    # Queues all of one length say nothing of the slope: take the rate at its word.
-    slope = cov / var_q if var_q > 1e-12 else 1.0
-    slope = min(max(slope, MIN_SLOPE), MAX_SLOPE)
-    base = max(mean_m - slope * mean_q, 0.0)
+    base, slope = _base_and_slope(mean_q, mean_m, var_q, cov)
     # A quantile, not a multiple of the standard deviation: a few answers held up by a
     # stall would make the deviation, and the margin, larger than most waits.
     residuals = sorted(m - base - slope * q for q, m in samples)
@@ -141,10 +218,15 @@ def fit_line(samples: list[tuple[float, float]]) -> LatencyLine:
 
 
 class WaitPredictor:
-    def __init__(self, rate: BusyRate | None = None, floor_calls: int = 64) -> None:
+    def __init__(
+        self,
+        rate: BusyRate | None = None,
+        floor_calls: int = 64,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.rate = rate or BusyRate()
         self._calls: deque[float] = deque(maxlen=floor_calls)
-        self._fits = {p: LatencyFit() for p in ALL_PRIORITIES}
+        self._fits = {p: LatencyFit(clock=clock) for p in ALL_PRIORITIES}
         self._capacity_rows_per_s: float | None = None
         self._work_per_row = 0.0  # a running mean over admitted jobs
 
