@@ -97,8 +97,9 @@ def test_a_delay_every_request_pays_is_a_base_not_a_slope() -> None:
 
 def test_the_tail_of_the_residuals_is_added() -> None:
     rng = random.Random(3)
-    predictor = measured(items_per_s=200, floor_s=0.02)
-    feed(predictor, NORMAL, lambda q: 0.05 + q + rng.uniform(-0.1, 0.1))
+    clock = Clock()
+    predictor = measured(items_per_s=200, floor_s=0.02, clock=clock)
+    feed(predictor, NORMAL, lambda q: 0.05 + q + rng.uniform(-0.1, 0.1), clock)
     prediction = predictor.predict(NORMAL, 49, 1)
     assert prediction is not None
     # uniform(-0.1, 0.1) has a standard deviation of 0.058: 1.28 of them on top
@@ -113,11 +114,13 @@ def test_the_slope_stays_within_its_bounds_and_a_flat_queue_takes_the_rate_at_it
 
 
 def test_a_request_that_waited_out_its_deadline_counts_as_four_times_late() -> None:
-    predictor = measured(items_per_s=200, floor_s=0.02)
-    feed(predictor, NORMAL, lambda q: 0.02 + q)
+    clock = Clock()
+    predictor = measured(items_per_s=200, floor_s=0.02, clock=clock)
+    feed(predictor, NORMAL, lambda q: 0.02 + q, clock)
     prediction = predictor.predict(NORMAL, 10, 1)
     assert prediction is not None
     for _ in range(20):
+        clock.now += 0.1
         predictor.observe(NORMAL, prediction, 60.0)  # each a 60 s deadline
     after = predictor.predict(NORMAL, 10, 1)
     assert after is not None and prediction.seconds < after.seconds < 4
@@ -183,6 +186,7 @@ def test_a_fit_forgets_what_is_older_than_its_age_limit() -> None:
     line = fit.line  # one new sample: the latest eight, mostly the stall's, still decide
     assert line is not None and line.predict_s(0.1) > 1.0
     for _ in range(7):  # eight since the stall
+        clock.now += 0.2
         fit.observe(0.1, 0.15)
     line = fit.line
     assert line is not None and line.predict_s(0.1) == pytest.approx(0.15, abs=0.05)
@@ -232,3 +236,18 @@ def test_a_fit_refits_on_time_while_its_class_admits_little() -> None:
         fit.observe(0.1, 0.15)
     line = fit.line
     assert line is not None and line.predict_s(0.1) < 0.25
+
+
+def test_under_a_flood_a_fit_is_redone_at_most_every_tenth_of_a_second() -> None:
+    clock = Clock()
+    fit = LatencyFit(min_samples=8, refit_every=1, clock=clock)
+    for _ in range(8):
+        fit.observe(0.1, 0.6)
+    first = fit.line
+    for _ in range(20):  # 20 more within the same moment: the fit stands
+        fit.observe(0.1, 0.15)
+    assert fit.line == first
+    clock.now += 0.1
+    fit.observe(0.1, 0.15)
+    line = fit.line
+    assert line is not None and line != first

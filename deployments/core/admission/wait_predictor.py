@@ -62,8 +62,13 @@ COLD_START_WORK_PER_S = 2000.0
 # looks at, and how old a fit may get while samples keep coming.
 BIN_S = 1.0
 TIME_CONSTANT_S = 4.0
-KEPT_PER_BIN = 64
+KEPT_PER_BIN = 32
 STALE_FIT_S = 0.5
+# A fit of 30 bins costs a millisecond or two of the ingress's event loop: under a flood
+# (hundreds of admissions a second) it is redone at most this often, or every
+# REFIT_AT_MOST samples, whichever comes first.
+REFIT_GAP_S = 0.1
+REFIT_AT_MOST = 64
 
 
 @dataclass(frozen=True)
@@ -131,7 +136,10 @@ class LatencyFit:
         self._bins[-1].add(queue_s, measured_s)
         self._latest.append((queue_s, measured_s))
         self._since_fit += 1
-        if len(self._latest) >= self._min_samples and self._since_fit >= self._refit_every:
+        due = self._since_fit >= REFIT_AT_MOST or (
+            self._since_fit >= self._refit_every and now - self._fitted_at >= REFIT_GAP_S
+        )
+        if len(self._latest) >= self._min_samples and due:
             self._refit(now)
 
     def _refit(self, now: float) -> None:
