@@ -208,20 +208,25 @@ def test_a_capacity_alone_is_a_rate_before_anything_was_measured() -> None:
     assert prediction is not None and prediction.queue_s == pytest.approx(1.0)
 
 
+def observe_for(
+    fit: LatencyFit, clock: Clock, count: int, measured_s: float, every_s: float
+) -> None:
+    """`count` answers of `measured_s` with 0.1 s of queue, one every `every_s` of `clock`."""
+    for _ in range(count):
+        clock.now += every_s
+        fit.observe(0.1, measured_s)
+
+
 def test_a_fit_weighs_seconds_not_requests() -> None:
     """A second of flood taught the class 600 ms answers from 300 requests; the trickle it
     admits since (20 a second, 150 ms each) outweighs it within seconds, though it counts
     fewer requests: counted by requests, admission stayed shut long after the flood."""
     clock = Clock()
     fit = LatencyFit(clock=clock)
-    for _ in range(300):
-        clock.now += 1 / 300
-        fit.observe(0.1, 0.6)
+    observe_for(fit, clock, 300, 0.6, every_s=1 / 300)
     line = fit.line
     assert line is not None and line.predict_s(0.1) == pytest.approx(0.6, abs=0.01)
-    for _ in range(120):  # six seconds
-        clock.now += 0.05
-        fit.observe(0.1, 0.15)
+    observe_for(fit, clock, 120, 0.15, every_s=0.05)  # six seconds
     line = fit.line
     assert line is not None and line.predict_s(0.1) < 0.25
 
@@ -229,11 +234,10 @@ def test_a_fit_weighs_seconds_not_requests() -> None:
 def test_a_fit_refits_on_time_while_its_class_admits_little() -> None:
     clock = Clock()
     fit = LatencyFit(min_samples=8, refit_every=16, clock=clock)
-    for _ in range(16):
-        fit.observe(0.1, 0.6)
+    observe_for(fit, clock, 16, 0.6, every_s=0.0)
     clock.now += 10.0
-    for _ in range(8):  # fewer than refit_every: only the fit's age refits it
-        fit.observe(0.1, 0.15)
+    # fewer than refit_every: only the fit's age refits it
+    observe_for(fit, clock, 8, 0.15, every_s=0.0)
     line = fit.line
     assert line is not None and line.predict_s(0.1) < 0.25
 
@@ -241,13 +245,10 @@ def test_a_fit_refits_on_time_while_its_class_admits_little() -> None:
 def test_under_a_flood_a_fit_is_redone_at_most_every_tenth_of_a_second() -> None:
     clock = Clock()
     fit = LatencyFit(min_samples=8, refit_every=1, clock=clock)
-    for _ in range(8):
-        fit.observe(0.1, 0.6)
+    observe_for(fit, clock, 8, 0.6, every_s=0.0)
     first = fit.line
-    for _ in range(20):  # 20 more within the same moment: the fit stands
-        fit.observe(0.1, 0.15)
+    observe_for(fit, clock, 20, 0.15, every_s=0.0)  # within the same moment: the fit stands
     assert fit.line == first
-    clock.now += 0.1
-    fit.observe(0.1, 0.15)
+    observe_for(fit, clock, 1, 0.15, every_s=0.1)
     line = fit.line
     assert line is not None and line != first
