@@ -158,3 +158,25 @@ async def test_a_first_token_is_returned_as_before() -> None:
     watch = ReplicaWatch("llm", Probe(answers=True), **FAST)
     first = await call(Stream(wait_s=0), watch).start(job())
     assert first.text == "hi"
+
+
+async def test_a_first_token_that_stalls_asks_whether_a_replica_answers() -> None:
+    """No call died: the replica went while nothing was out to it, and Serve holds the
+    next calls. The wait for a first token starts the probe, and the request is refused at
+    once when none answers, long before its deadline."""
+    probe = Probe(answers=False)
+    watch = ReplicaWatch("llm", probe, **FAST, stall_probe_s=0.1)
+    stream = Stream(wait_s=3600)
+    started = time.monotonic()
+    with pytest.raises(NotReady):
+        await call(stream, watch, timeout_s=30).start(job())
+    assert time.monotonic() - started < 1
+    assert probe.calls >= 1 and watch.down and stream.cancelled
+
+
+async def test_a_slow_first_token_from_a_live_replica_is_only_a_question() -> None:
+    probe = Probe(answers=True)
+    watch = ReplicaWatch("llm", probe, **FAST, stall_probe_s=0.05)
+    first = await call(Stream(wait_s=0.3), watch).start(job())
+    assert first.text == "hi"
+    assert probe.calls == 1 and not watch.down

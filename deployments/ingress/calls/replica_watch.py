@@ -3,11 +3,14 @@
 When the only replica of a model dies, Serve keeps new calls waiting until a replacement
 is up, which can take longer than a request's deadline: each waiting request would end
 in a 504 at its deadline. The ingress learns of the death from the first call that fails
-with it (Ray says "actor died" at once); this watch then asks the model a short question
-(`engine_alive`) until a replica answers. While none does, the model is down: requests
-get a 503 with Retry-After at once, and those already waiting for their first token are
-answered the same way. With several replicas, the question is answered by a live one
-within the probe timeout, and nothing is refused.
+with it (Ray says "actor died" at once, most times), or from a call that has waited
+`stall_probe_s` for its first token: once in a `make test` run no call to a killed replica
+failed, every one waited out its 10 s deadline (504), and Serve's controller noticed the
+death only at its health check 10 s after it. This watch then asks the model a short
+question (`engine_alive`) until a replica answers. While none does, the model is down:
+requests get a 503 with Retry-After at once, and those already waiting for their first
+token are answered the same way. With several replicas, the question is answered by a
+live one within the probe timeout, and nothing is refused.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ logger = logging.getLogger("ray.serve")
 
 PROBE_TIMEOUT_S = 1.0
 PROBE_EVERY_S = 0.5
+# A first token this late starts a probe: far over the demo model's (tens of ms) and a real
+# model's usual wait, well under a deadline (10 s in the reliability suite). A live replica
+# answers the probe in milliseconds, so a slow one costs a question, never a refusal.
+STALL_PROBE_S = 3.0
 
 
 class ReplicaWatch:
@@ -30,11 +37,13 @@ class ReplicaWatch:
         probe: Callable[[], Awaitable[Any]],
         probe_timeout_s: float = PROBE_TIMEOUT_S,
         probe_every_s: float = PROBE_EVERY_S,
+        stall_probe_s: float = STALL_PROBE_S,
     ) -> None:
         self.model = model
         self._probe = probe
         self._probe_timeout_s = probe_timeout_s
         self._probe_every_s = probe_every_s
+        self.stall_probe_s = stall_probe_s
         self._down = asyncio.Event()
         self._probing: asyncio.Task[None] | None = None
 
@@ -51,6 +60,14 @@ class ReplicaWatch:
     def call_died(self) -> None:
         """A call to the model failed because its replica is gone: find out whether
         another answers (once; a probe already under way covers this death too)."""
+        self._probe_once()
+
+    def call_stalled(self) -> None:
+        """A call has waited `stall_probe_s` for its first token: find out whether a
+        replica answers at all (once, as for a death)."""
+        self._probe_once()
+
+    def _probe_once(self) -> None:
         if self._probing is None or self._probing.done():
             self._probing = asyncio.get_running_loop().create_task(self._watch())
 

@@ -91,12 +91,17 @@ class GenerationCall:
         replica (Serve would hold the call until a new one is up, past the deadline)."""
         first = asyncio.ensure_future(self._stream.__anext__())
         down = asyncio.ensure_future(self._watch.until_down())
+        limit_s = self.timeout_s + DEADLINE_GRACE_S
+        stall_s = min(self._watch.stall_probe_s, limit_s)
         try:
-            await asyncio.wait(
-                {first, down},
-                timeout=self.timeout_s + DEADLINE_GRACE_S,
-                return_when=asyncio.FIRST_COMPLETED,
+            done, _ = await asyncio.wait(
+                {first, down}, timeout=stall_s, return_when=asyncio.FIRST_COMPLETED
             )
+            if not done and limit_s > stall_s:
+                self._watch.call_stalled()
+                await asyncio.wait(
+                    {first, down}, timeout=limit_s - stall_s, return_when=asyncio.FIRST_COMPLETED
+                )
         finally:
             down.cancel()
             if not first.done():
