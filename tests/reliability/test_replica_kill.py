@@ -1,7 +1,8 @@
 """The generation model's replica killed (SIGKILL) under load: time to the first 503,
 /healthz 503 within 2 s, time to recovery, no request answered later than its deadline
 (X-Request-Timeout) plus a small grace, a Retry-After on every refusal, and the model
-serving again."""
+serving again. And a replica that hangs (SIGSTOP): refused within seconds, not at the
+deadline, and serving again once it goes on."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import httpx
 import pytest
 
 from bench.server import Server
+from deployments.ingress.calls.replica_watch import PROBE_TIMEOUT_S, STALL_PROBE_S
 from tests.reliability import report
 from tests.reliability.conftest import wait_for_generation
 from tests.reliability.procs import owned
@@ -107,6 +109,44 @@ async def test_killed_replica_refuses_fast_and_recovers(
     assert turned is not None and turned < HEALTH_TURNS_WITHIN_S, (
         f"/healthz turned only {turned} s after the kill"
     )
+
+
+@pytest.mark.timeout(120)
+async def test_a_hung_replica_is_refused_within_seconds_and_serves_once_it_goes_on(
+    server: Server, models: dict[str, list[str]]
+) -> None:
+    """No call fails when a replica hangs, and Serve's router keeps sending it calls: the
+    first request finds out by its wait for a first token (the replica watch's probe),
+    the next is refused at once."""
+    llm = models["generation"][0]
+    await asyncio.to_thread(wait_for_generation, server, llm)
+    pid = await asyncio.to_thread(replica_pid, server, llm)
+    assert owned(server, pid), f"pid {pid} is not one of this server's processes"
+    body = {"model": llm, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    headers = {"X-Request-Timeout": str(DEADLINE_S)}
+    url = f"{server.url}/v1/chat/completions"
+    async with httpx.AsyncClient(timeout=DEADLINE_S + 30) as client:
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            first = await client.post(url, json=body, headers=headers)
+            first_s = time.monotonic() - started
+            started = time.monotonic()
+            second = await client.post(url, json=body, headers=headers)
+            second_s = time.monotonic() - started
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    report.record(
+        "replica_hang",
+        {
+            "first": [first.status_code, round(first_s, 2)],
+            "second": [second.status_code, round(second_s, 2)],
+        },
+    )
+    assert first.status_code == 503 and first.headers.get("retry-after"), first.text
+    assert first_s < STALL_PROBE_S + PROBE_TIMEOUT_S + 2, f"refused only after {first_s:.1f} s"
+    assert second.status_code == 503 and second_s < 1, (second.status_code, second_s)
+    await asyncio.to_thread(wait_for_generation, server, llm, 30)
 
 
 async def watch_recovery(run: KillRun) -> None:

@@ -27,7 +27,7 @@ PROBE_EVERY_S = 0.5
 # A first token this late starts a probe: far over the demo model's (tens of ms) and a real
 # model's usual wait, well under a deadline (10 s in the reliability suite). A live replica
 # answers the probe in milliseconds, so a slow one costs a question, never a refusal.
-STALL_PROBE_S = 3.0
+STALL_PROBE_S = 2.0
 
 
 class ReplicaWatch:
