@@ -176,7 +176,21 @@ async def test_a_first_token_that_stalls_asks_whether_a_replica_answers() -> Non
 
 async def test_a_slow_first_token_from_a_live_replica_is_only_a_question() -> None:
     probe = Probe(answers=True)
-    watch = ReplicaWatch("llm", probe, **FAST, stall_probe_s=0.05)
-    first = await call(Stream(wait_s=0.3), watch).start(job())
+    watch = ReplicaWatch("llm", probe, **FAST, stall_probe_s=0.1)
+    first = await call(Stream(wait_s=0.35), watch).start(job())
     assert first.text == "hi"
-    assert probe.calls == 1 and not watch.down
+    assert probe.calls <= 3 and not watch.down  # a question a period at most, no refusal
+
+
+async def test_stalled_calls_ask_once_a_period_while_the_replica_answers() -> None:
+    probe = Probe(answers=True)
+    watch = ReplicaWatch("llm", probe, **FAST, stall_probe_s=0.2)
+    watch.call_stalled()
+    await until(lambda: probe.calls == 1 and not watch.in_doubt)
+    for _ in range(10):  # a queue of slow first tokens: the answer just given stands
+        watch.call_stalled()
+    await asyncio.sleep(0.05)
+    assert probe.calls == 1
+    await asyncio.sleep(0.2)
+    watch.call_stalled()
+    await until(lambda: probe.calls == 2)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -44,6 +46,7 @@ class ReplicaWatch:
         self._probe_timeout_s = probe_timeout_s
         self._probe_every_s = probe_every_s
         self.stall_probe_s = stall_probe_s
+        self._answered_at = -math.inf  # when a replica last answered the question
         self._down = asyncio.Event()
         self._probing: asyncio.Task[None] | None = None
 
@@ -64,8 +67,10 @@ class ReplicaWatch:
 
     def call_stalled(self) -> None:
         """A call has waited `stall_probe_s` for its first token: find out whether a
-        replica answers at all (once, as for a death)."""
-        self._probe_once()
+        replica answers at all (once, as for a death), unless one answered less than
+        `stall_probe_s` ago: under a queue of slow first tokens, one question a period."""
+        if time.monotonic() - self._answered_at >= self.stall_probe_s:
+            self._probe_once()
 
     def _probe_once(self) -> None:
         if self._probing is None or self._probing.done():
@@ -91,4 +96,5 @@ class ReplicaWatch:
             raise
         except Exception:  # a timeout, or another dead replica Serve still routes to
             return False
+        self._answered_at = time.monotonic()
         return True

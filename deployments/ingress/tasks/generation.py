@@ -91,17 +91,20 @@ class GenerationCall:
         replica (Serve would hold the call until a new one is up, past the deadline)."""
         first = asyncio.ensure_future(self._stream.__anext__())
         down = asyncio.ensure_future(self._watch.until_down())
-        limit_s = self.timeout_s + DEADLINE_GRACE_S
-        stall_s = min(self._watch.stall_probe_s, limit_s)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s + DEADLINE_GRACE_S
         try:
-            done, _ = await asyncio.wait(
-                {first, down}, timeout=stall_s, return_when=asyncio.FIRST_COMPLETED
-            )
-            if not done and limit_s > stall_s:
-                self._watch.call_stalled()
-                await asyncio.wait(
-                    {first, down}, timeout=limit_s - stall_s, return_when=asyncio.FIRST_COMPLETED
+            # Every `stall_probe_s` without a first token, the watch may ask whether a
+            # replica answers at all (it asks once a period, whoever is waiting).
+            while (left := deadline - loop.time()) > 0:
+                done, _ = await asyncio.wait(
+                    {first, down},
+                    timeout=min(self._watch.stall_probe_s, left),
+                    return_when=asyncio.FIRST_COMPLETED,
                 )
+                if done:
+                    break
+                self._watch.call_stalled()
         finally:
             down.cancel()
             if not first.done():
