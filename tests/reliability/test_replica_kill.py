@@ -47,15 +47,29 @@ def replica_pid(server: Server, model: str) -> int:
     return int(stats["models"][model]["replica"]["pid"])
 
 
+async def serving_replica(server: Server, model: str) -> int:
+    """The pid of `model`'s replica, once the model answers; one of this server's."""
+    await asyncio.to_thread(wait_for_generation, server, model)
+    pid = await asyncio.to_thread(replica_pid, server, model)
+    assert owned(server, pid), f"pid {pid} is not one of this server's processes"
+    return pid
+
+
+def chat(model: str, max_tokens: int) -> dict[str, object]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": max_tokens,
+    }
+
+
 @pytest.mark.timeout(int(SIZES.kill_observe_s + 180))
 async def test_killed_replica_refuses_fast_and_recovers(
     server: Server, models: dict[str, list[str]]
 ) -> None:
     llm = models["generation"][0]
-    await asyncio.to_thread(wait_for_generation, server, llm)
-    pid = await asyncio.to_thread(replica_pid, server, llm)
-    assert owned(server, pid), f"pid {pid} is not one of this server's processes"
-    body = {"model": llm, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
+    pid = await serving_replica(server, llm)
+    body = chat(llm, max_tokens=16)
     headers = {"X-Request-Timeout": str(DEADLINE_S)}
     run = KillRun()
     stop = asyncio.Event()
@@ -119,10 +133,8 @@ async def test_a_hung_replica_is_refused_within_seconds_and_serves_once_it_goes_
     first request finds out by its wait for a first token (the replica watch's probe),
     the next is refused at once."""
     llm = models["generation"][0]
-    await asyncio.to_thread(wait_for_generation, server, llm)
-    pid = await asyncio.to_thread(replica_pid, server, llm)
-    assert owned(server, pid), f"pid {pid} is not one of this server's processes"
-    body = {"model": llm, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    pid = await serving_replica(server, llm)
+    body = chat(llm, max_tokens=4)
     headers = {"X-Request-Timeout": str(DEADLINE_S)}
     url = f"{server.url}/v1/chat/completions"
     async with httpx.AsyncClient(timeout=DEADLINE_S + 30) as client:
