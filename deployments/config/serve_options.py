@@ -85,6 +85,20 @@ class DeploymentOptions(StrictModel):
         description="Retry-After of Serve's own 503 when `max_queued_requests` is exceeded "
         "on a deployment that answers HTTP (the ingress); a refusal always says when to retry.",
     )
+    health_check_period_s: float = Field(
+        2.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="How often Serve's controller asks each replica whether it is healthy. "
+        "A replica process that dies is only noticed, and replaced, at its next check: "
+        "Serve's own 10 s made a killed replica's replacement start up to 10 s late.",
+    )
+    health_check_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="A check unanswered this long counts as failed (Serve's default).",
+    )
     ray_actor_options: ActorOptions = ActorOptions()
 
     @model_validator(mode="after")

@@ -13,6 +13,7 @@ import pytest
 
 from bench.server import Server, load_config, running_server
 from tests.reliability import report
+from tests.reliability.replica_kill import chat_body
 from tests.reliability.settings import is_full, sizes
 
 
@@ -39,7 +40,7 @@ def wait_for_generation(server: Server, model: str, timeout_s: float = 90) -> No
     """Waits until `model` answers a small completion: each test starts from a working
     server even when the one before it broke generation for a while."""
     deadline = time.monotonic() + timeout_s
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    body = chat_body(model, max_tokens=2)
     last = "no answer"
     while time.monotonic() < deadline:
         try:

@@ -11,6 +11,16 @@ from dataclasses import dataclass, field
 import httpx
 
 
+def chat_body(model: str, max_tokens: int) -> dict[str, object]:
+    """The short chat completion the kill tests, the soak's probe and the wait for a
+    serving model send."""
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": max_tokens,
+    }
+
+
 @dataclass(frozen=True)
 class Answer:
     sent: float  # time.monotonic()

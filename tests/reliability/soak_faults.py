@@ -17,7 +17,7 @@ import httpx
 from bench.server import Server, free_port
 from tests.redis_server import start_redis
 from tests.reliability.procs import owned
-from tests.reliability.replica_kill import KillRun, closed_loop
+from tests.reliability.replica_kill import KillRun, chat_body, closed_loop
 
 RECOVERED_STREAK = 5
 
@@ -67,7 +67,7 @@ def kill_replica(server: Server, model: str) -> tuple[int, float]:
 
 async def generation_probe(server: Server, model: str, run: KillRun, stop: asyncio.Event) -> None:
     """One client of short completions for the whole soak, timed (replica_kill.py)."""
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    body = chat_body(model, max_tokens=4)
     headers = {"X-Request-Timeout": "10", "X-Priority": "realtime"}
     async with httpx.AsyncClient(timeout=40) as client:
         await closed_loop(client, run, f"{server.url}/v1/chat/completions", body, headers, stop)
@@ -77,9 +77,14 @@ async def cache_probe(
     server: Server, model: str, hits: list[tuple[float, bool]], stop: asyncio.Event
 ) -> None:
     """Twice the same new text every half second: the second answer comes from the
-    cache while Redis works. Records (when, whether it hit)."""
+    cache while Redis works. Records (when, whether it hit).
+
+    Realtime, as the generation probe: the soak holds the normal class at 1.5x capacity,
+    where most of its requests are refused, and a refused first request writes nothing to
+    the cache; a normal-class probe timed admission's luck, not Redis's return."""
     k = 0
-    async with httpx.AsyncClient(timeout=10) as client:
+    headers = {"X-Priority": "realtime"}
+    async with httpx.AsyncClient(timeout=10, headers=headers) as client:
         while not stop.is_set():
             k += 1
             body = {"model": model, "input": f"cache probe {k} {time.time()}"}

@@ -19,7 +19,7 @@ from deployments.ingress.calls.replica_watch import PROBE_TIMEOUT_S, STALL_PROBE
 from tests.reliability import report
 from tests.reliability.conftest import wait_for_generation
 from tests.reliability.procs import owned
-from tests.reliability.replica_kill import Answer, KillRun, closed_loop, poll_health
+from tests.reliability.replica_kill import Answer, KillRun, chat_body, closed_loop, poll_health
 from tests.reliability.settings import sizes
 from tests.reliability.shapes import histogram
 
@@ -55,21 +55,13 @@ async def serving_replica(server: Server, model: str) -> int:
     return pid
 
 
-def chat(model: str, max_tokens: int) -> dict[str, object]:
-    return {
-        "model": model,
-        "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": max_tokens,
-    }
-
-
 @pytest.mark.timeout(int(SIZES.kill_observe_s + 180))
 async def test_killed_replica_refuses_fast_and_recovers(
     server: Server, models: dict[str, list[str]]
 ) -> None:
     llm = models["generation"][0]
     pid = await serving_replica(server, llm)
-    body = chat(llm, max_tokens=16)
+    body = chat_body(llm, max_tokens=16)
     headers = {"X-Request-Timeout": str(DEADLINE_S)}
     run = KillRun()
     stop = asyncio.Event()
@@ -134,7 +126,7 @@ async def test_a_hung_replica_is_refused_within_seconds_and_serves_once_it_goes_
     the next is refused at once."""
     llm = models["generation"][0]
     pid = await serving_replica(server, llm)
-    body = chat(llm, max_tokens=4)
+    body = chat_body(llm, max_tokens=4)
     headers = {"X-Request-Timeout": str(DEADLINE_S)}
     url = f"{server.url}/v1/chat/completions"
     async with httpx.AsyncClient(timeout=DEADLINE_S + 30) as client:

@@ -145,9 +145,8 @@ class LatencyFit:
     def _refit(self, now: float) -> None:
         while self._bins and now - self._bins[0].start > self._max_age_s:
             self._bins.popleft()
-        recent = list(self._bins)
-        if sum(b.count for b in recent) >= self._min_samples:
-            weighted = [(b, math.exp(-(now - b.start) / TIME_CONSTANT_S)) for b in recent]
+        if sum(b.count for b in self._bins) >= self._min_samples:
+            weighted = [(b, math.exp(-(now - b.start) / TIME_CONSTANT_S)) for b in self._bins]
             self._line = fit_bins(weighted)
         elif len(self._latest) >= self._min_samples:
             # A class that admits little (the fit itself may be why) keeps its latest
