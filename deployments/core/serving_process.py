@@ -1,12 +1,11 @@
 """What every serving process (the ingress, each model replica) sets for itself once, in one
-place: how it traces allocations when asked, how soon a waiting thread gets the GIL, how
-often Python's cycle collector runs, and that the C allocator's free pages go back."""
+place: how it traces allocations when asked, how soon a waiting thread gets the GIL, and how
+often Python's cycle collector runs."""
 
 from __future__ import annotations
 
 from deployments.core.allocation_trace import trace_allocations
 from deployments.core.gc_policy import relax_collector
-from deployments.core.native_heap import start_heap_trimmer
 from deployments.core.thread_switch import shorten_thread_switch
 
 
@@ -17,5 +16,4 @@ def tune_serving_process(name: str, *, collect_less: bool = True) -> None:
     if collect_less:
         relax_collector()
     shorten_thread_switch()
-    start_heap_trimmer()
     trace_allocations(name)
