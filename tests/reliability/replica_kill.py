@@ -21,6 +21,12 @@ def chat_body(model: str, max_tokens: int) -> dict[str, object]:
     }
 
 
+def replica_pid(url: str, model: str) -> int:
+    """The pid of `model`'s replica, as the server at `url` reports it in /v1/stats."""
+    stats = httpx.get(f"{url}/v1/stats", timeout=10).json()
+    return int(stats["models"][model]["replica"]["pid"])
+
+
 @dataclass(frozen=True)
 class Answer:
     sent: float  # time.monotonic()

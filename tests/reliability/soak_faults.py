@@ -17,7 +17,7 @@ import httpx
 from bench.server import Server, free_port
 from tests.redis_server import start_redis
 from tests.reliability.procs import owned
-from tests.reliability.replica_kill import KillRun, chat_body, closed_loop
+from tests.reliability.replica_kill import KillRun, chat_body, closed_loop, replica_pid
 
 RECOVERED_STREAK = 5
 
@@ -52,13 +52,8 @@ class Redis:
         return down
 
 
-def replica_pid(server: Server, model: str) -> int:
-    stats = httpx.get(f"{server.url}/v1/stats", timeout=10).json()
-    return int(stats["models"][model]["replica"]["pid"])
-
-
 def kill_replica(server: Server, model: str) -> tuple[int, float]:
-    pid = replica_pid(server, model)
+    pid = replica_pid(server.url, model)
     if not owned(server, pid):
         raise RuntimeError(f"pid {pid} is not one of this server's processes")
     os.kill(pid, signal.SIGKILL)

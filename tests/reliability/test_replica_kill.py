@@ -19,7 +19,14 @@ from deployments.ingress.calls.replica_watch import PROBE_TIMEOUT_S, STALL_PROBE
 from tests.reliability import report
 from tests.reliability.conftest import wait_for_generation
 from tests.reliability.procs import owned
-from tests.reliability.replica_kill import Answer, KillRun, chat_body, closed_loop, poll_health
+from tests.reliability.replica_kill import (
+    Answer,
+    KillRun,
+    chat_body,
+    closed_loop,
+    poll_health,
+    replica_pid,
+)
 from tests.reliability.settings import sizes
 from tests.reliability.shapes import histogram
 
@@ -42,15 +49,10 @@ RECOVERED_STREAK = 10
 HEALTH_TURNS_WITHIN_S = 3
 
 
-def replica_pid(server: Server, model: str) -> int:
-    stats = httpx.get(f"{server.url}/v1/stats", timeout=10).json()
-    return int(stats["models"][model]["replica"]["pid"])
-
-
 async def serving_replica(server: Server, model: str) -> int:
     """The pid of `model`'s replica, once the model answers; one of this server's."""
     await asyncio.to_thread(wait_for_generation, server, model)
-    pid = await asyncio.to_thread(replica_pid, server, model)
+    pid = await asyncio.to_thread(replica_pid, server.url, model)
     assert owned(server, pid), f"pid {pid} is not one of this server's processes"
     return pid
 
@@ -78,7 +80,7 @@ async def test_killed_replica_refuses_fast_and_recovers(
         await watch_recovery(run)
         stop.set()
         await asyncio.gather(*tasks)
-    new_pid = await asyncio.to_thread(replica_pid, server, llm)
+    new_pid = await asyncio.to_thread(replica_pid, server.url, llm)
     answers = run.answers
     late = [a for a in answers if a.seconds > DEADLINE_S + GRACE_S]
     no_retry = [a for a in answers if a.status in (429, 503) and not a.retry_after]
