@@ -17,7 +17,8 @@ KeyboardInterrupt, it shuts Serve down, and the exit shuts down the Ray it runs 
                                  [serve_config.yaml]
 
 It also gives HAProxy's files a directory of this user and instance (launch/paths.py), and
-refuses or gives up on a config the machine cannot place (launch/placement.py).
+refuses or gives up on a config the machine cannot place (launch/placement.py), and says
+each replica that fails to start, stopping once Serve gives up on one (launch/failed_start.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pathlib import Path
 
 import yaml
 
+from deployments.launch.failed_start import EXIT_FAILED_START, FailedStartWatch
 from deployments.launch.output import announce_when_ready, quiet_shutdown_noise
 from deployments.launch.paths import (
     InstanceDirError,
@@ -287,6 +289,12 @@ def _serve(
         timeout_s=args.placement_timeout_s,
     )
     watch.start()
+    failed_start = FailedStartWatch(
+        status=serve.status,
+        say=lambda text: print(text, file=sys.stderr, flush=True),
+        give_up=lambda: os.kill(os.getpid(), signal.SIGINT),
+    )
+    failed_start.start()
     announce_when_ready(config, _apps_running, lambda line: print(line, flush=True))
     # `serve run` compares its --address (by default RAY_ADDRESS, "local" here) with the
     # Ray it finds initialised and, as they differ in spelling, warned that "an address was
@@ -302,6 +310,12 @@ def _serve(
                 EXIT_UNPLACEABLE,
                 f"{parser.prog}: error: stopped: Serve could not place every replica "
                 "(above: why, and what the config asks)\n",
+            )
+        if failed_start.gave_up.is_set():
+            parser.exit(
+                EXIT_FAILED_START,
+                f"{parser.prog}: error: stopped: a deployment failed to start "
+                "(above: Serve's error)\n",
             )
         raise
 

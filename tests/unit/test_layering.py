@@ -28,10 +28,12 @@ RANKS: dict[str, tuple[int, str]] = {
     "deployments.http": (4, "http"),
     # What the launcher prints: below it, imports nothing of ours.
     "deployments.launch.output": (4, "launch-output"),
-    # The launcher's helpers below it: its instance's files (nothing of ours) and what the
-    # config asks of the machine (reads the config).
+    # The launcher's helpers below it: its instance's files (nothing of ours), what the
+    # config asks of the machine (reads the config) and replicas that fail to start
+    # (nothing of ours).
     "deployments.launch.paths": (4, "launch-paths"),
     "deployments.launch.placement": (4, "launch-placement"),
+    "deployments.launch.failed_start": (4, "launch-failed-start"),
     "deployments.launch": (TOP := 5, "launch"),
 }
 

@@ -1,0 +1,41 @@
+"""A replica that cannot start (issue 31's start-up faults): `python -m deployments.launch`
+says the replica's error while Serve retries it, and once Serve gives up it says the
+traceback and exits with status 4, instead of waiting silently for ever. Seen first on a
+GPU machine whose transformers was too old for the LLM engine; here the embedder's weights
+are simply missing."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from bench.server import launch, load_config
+from deployments.launch.failed_start import EXIT_FAILED_START
+from tests.serve.test_unplaceable_served import own_side_ports, wait_for_exit
+
+
+def embedder_without_weights(empty: Path) -> dict:
+    """The default app's embedder alone, its source a directory with no model in it: the
+    config is valid, and the replica's constructor fails loading it."""
+    config = load_config()
+    args = config["applications"][0]["args"]
+    for key in ("rerank_models", "generation_models"):
+        args.pop(key)
+    args["embedding_models"][0]["source"] = str(empty)
+    return config
+
+
+def test_a_replica_that_cannot_start_ends_the_launch_with_its_error(tmp_path: Path) -> None:
+    empty = tmp_path / "no-model-here"
+    empty.mkdir()
+    started = time.monotonic()
+    server = launch(embedder_without_weights(empty), tmp_path, [], environment=own_side_ports())
+    wait_for_exit(server, timeout_s=240)
+    output = server.log.read_text()
+    assert server.process.returncode == EXIT_FAILED_START, output
+    assert "tributary/embed-all-MiniLM-L6-v2: a replica failed to start: " in output
+    assert "; Serve tries 2 more time(s)" in output
+    assert "Serve gave up starting the app. Serve says:" in output
+    assert str(empty) in output  # the error names what it could not load
+    assert "a deployment failed to start (above: Serve's error)" in output
+    print(f"gave up in {time.monotonic() - started:.1f} s")
