@@ -145,22 +145,36 @@ async def test_a_short_request_finishes_before_a_long_one_started_first(server: 
 
 
 def test_disconnecting_a_stream_cancels_its_sequence(server: Server) -> None:
-    before = replica_stats(server)["cancelled_sequences"]
+    # The demo model makes 500 tokens in under a second when the machine is idle, so on a
+    # loaded one a sequence can end before its client's close reaches the replica: that is
+    # a finish, not a failed cancel. Each try ends one way or the other and leaves nothing
+    # running; at least one of three must be a cancel.
     body = {"model": MODEL, "prompt": "go on", "max_tokens": 500, "stream": True}
-    with httpx.stream(
-        "POST", f"{server.url}/v1/completions", json=body, headers=AUTH, timeout=30
-    ) as response:
-        assert response.status_code == 200
-        lines = response.iter_lines()
-        assert next(line for line in lines if line.startswith("data: "))
-    # The connection is closed: the sequence must go, long before 500 tokens are made.
-    deadline = time.monotonic() + 10
-    stats = replica_stats(server)
-    while time.monotonic() < deadline and stats["cancelled_sequences"] == before:
-        time.sleep(0.2)
+    ends = []
+    for _ in range(3):
+        before = replica_stats(server)
+        with httpx.stream(
+            "POST", f"{server.url}/v1/completions", json=body, headers=AUTH, timeout=30
+        ) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data: "))
+        # The connection is closed: the sequence must go, long before 500 tokens are made.
+        deadline = time.monotonic() + 10
         stats = replica_stats(server)
-    assert stats["cancelled_sequences"] == before + 1
-    assert stats["running_sequences"] == 0 and stats["slots"]["running"] == 0
+        while time.monotonic() < deadline and (
+            stats["running_sequences"] or stats["slots"]["running"]
+        ):
+            time.sleep(0.05)
+            stats = replica_stats(server)
+        cancelled = stats["cancelled_sequences"] - before["cancelled_sequences"]
+        finished = stats["finished_sequences"] - before["finished_sequences"]
+        assert (cancelled, finished) in ((1, 0), (0, 1)), stats
+        assert stats["running_sequences"] == 0 and stats["slots"]["running"] == 0, stats
+        ends.append("cancelled" if cancelled else "finished")
+        if cancelled:
+            break
+    assert ends[-1] == "cancelled", ends
 
 
 @pytest.mark.parametrize(
