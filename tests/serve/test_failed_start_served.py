@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bench.server import launch, load_config
 from deployments.launch.failed_start import EXIT_FAILED_START
-from tests.serve.test_unplaceable_served import own_side_ports, wait_for_exit
+from tests.serve.test_unplaceable_served import output_once_exited, own_side_ports
 
 
 def embedder_without_weights(empty: Path) -> dict:
@@ -30,9 +30,7 @@ def test_a_replica_that_cannot_start_ends_the_launch_with_its_error(tmp_path: Pa
     empty.mkdir()
     started = time.monotonic()
     server = launch(embedder_without_weights(empty), tmp_path, [], environment=own_side_ports())
-    wait_for_exit(server, timeout_s=240)
-    output = server.log.read_text()
-    assert server.process.returncode == EXIT_FAILED_START, output
+    output = output_once_exited(server, EXIT_FAILED_START, timeout_s=240)
     assert "tributary/embed-all-MiniLM-L6-v2: a replica failed to start: " in output
     assert "; Serve tries 2 more time(s)" in output
     assert "Serve gave up starting the app. Serve says:" in output

@@ -100,12 +100,18 @@ def wait_for_exit(server: Server, timeout_s: float) -> tuple[set[Path], set[Path
     return instances, configs
 
 
+def output_once_exited(server: Server, status: int, timeout_s: float) -> str:
+    """What the launcher printed, once it has exited by itself with `status`."""
+    wait_for_exit(server, timeout_s)
+    output = server.log.read_text()
+    assert server.process.returncode == status, output
+    return output
+
+
 def test_a_config_that_can_never_fit_is_refused_before_deploying(tmp_path: Path) -> None:
     started = time.monotonic()
     server = launch(two_embedder_versions(), tmp_path, [])
-    wait_for_exit(server, timeout_s=120)
-    output = server.log.read_text()
-    assert server.process.returncode == EXIT_UNPLACEABLE, output
+    output = output_once_exited(server, EXIT_UNPLACEABLE, timeout_s=120)
     assert "the config asks for more CPU than this Ray has" in output
     assert "embedding model all-MiniLM-L6-v2@2" in output
     assert "CPU: the config asks" in output
