@@ -48,9 +48,8 @@ class FakeGenerator:
         self.generate = self
         self.info = self
 
-    def options(self, stream: bool, _by_reference: bool = False) -> FakeGenerator:
-        # Streams go by reference: over Serve's gRPC a cancelled one leaks (generation.py).
-        assert stream and _by_reference
+    def options(self, stream: bool) -> FakeGenerator:
+        assert stream
         return self
 
     def remote(self, *args: Any) -> Any:

@@ -32,7 +32,7 @@ class LocalHandle:
         self.calls = 0
         self.generate = self
 
-    def options(self, stream: bool, _by_reference: bool = False) -> LocalHandle:
+    def options(self, stream: bool) -> LocalHandle:
         assert stream
         return self
 

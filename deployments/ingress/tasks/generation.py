@@ -68,12 +68,7 @@ class GenerationCall:
         """Sends the job and returns its first chunk, or raises the API error it got."""
         if self._watch.down:
             raise _no_replica(self.model)
-        # By reference (Ray's own streaming call), not over Serve's gRPC transport: grpc.aio
-        # leaks native memory for each stream cancelled while a read is in flight
-        # (grpc/grpc#43360), and a client that leaves mid-answer cancels one. Over gRPC the
-        # ingress grew ~500 bytes per departure without end; by reference it costs ~10-20 %
-        # of streamed tokens a second on the demo model (docs/reliability.md).
-        self._stream = self._handle.options(stream=True, _by_reference=True).generate.remote(
+        self._stream = self._handle.options(stream=True).generate.remote(
             self.priority.label, job, self.timeout_s
         )
         try:
