@@ -137,7 +137,8 @@ async def test_a_request_waiting_for_its_first_token_is_refused_when_the_model_g
     with pytest.raises(NotReady):
         await waiting
     assert time.monotonic() - started < 1
-    assert stream.cancelled
+    # The read held by Serve never lands, so the call is cancelled after the bound.
+    await until(lambda: stream.cancelled)
 
 
 async def test_a_call_that_dies_with_its_replica_is_a_503_and_starts_the_watch() -> None:
@@ -171,7 +172,8 @@ async def test_a_first_token_that_stalls_asks_whether_a_replica_answers() -> Non
     with pytest.raises(NotReady):
         await call(stream, watch, timeout_s=30).start(job())
     assert time.monotonic() - started < 1
-    assert probe.calls >= 1 and watch.down and stream.cancelled
+    assert probe.calls >= 1 and watch.down
+    await until(lambda: stream.cancelled)
 
 
 async def test_a_slow_first_token_from_a_live_replica_is_only_a_question() -> None:

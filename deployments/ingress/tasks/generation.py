@@ -3,8 +3,8 @@ model's replica as one streaming call, and answer as JSON or as server-sent even
 
 A request's first event is awaited before any response starts, so a refusal (queue full,
 deadline, prompt too long) is a real HTTP status. After that, tokens flow as they come;
-when the client goes away the stream's call is cancelled, which cancels the sequence in
-the replica's engine.
+when the client goes away the stream's call is cancelled (between two reads:
+`calls/stream_reads.py`), which cancels the sequence in the replica's engine.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from deployments.ingress.api.generation_schemas import (
 from deployments.ingress.api.schemas import as_invalid_request
 from deployments.ingress.calls.call_errors import RAY_CALL_ERRORS, REPLICA_GONE, ray_call_error
 from deployments.ingress.calls.replica_watch import ReplicaWatch
+from deployments.ingress.calls.stream_reads import SettledReads
 from deployments.ingress.rollout.versions import ModelVersions, Version
 
 logger = logging.getLogger("ray.serve")
@@ -62,14 +63,16 @@ class GenerationCall:
         self.priority = priority
         self.timeout_s = timeout_s
         self._watch = watch
-        self._stream: Any = None
+        self._reads: SettledReads | None = None
 
     async def start(self, job: GenerationJob) -> GenerationChunk:
         """Sends the job and returns its first chunk, or raises the API error it got."""
         if self._watch.down:
             raise _no_replica(self.model)
-        self._stream = self._handle.options(stream=True).generate.remote(
-            self.priority.label, job, self.timeout_s
+        self._reads = SettledReads(
+            self._handle.options(stream=True).generate.remote(
+                self.priority.label, job, self.timeout_s
+            )
         )
         try:
             first = await self._first_unless_down()
@@ -89,7 +92,8 @@ class GenerationCall:
     async def _first_unless_down(self) -> Any:
         """The stream's first item; NotReady as soon as the model turns out to have no live
         replica (Serve would hold the call until a new one is up, past the deadline)."""
-        first = asyncio.ensure_future(self._stream.__anext__())
+        assert self._reads is not None
+        first = asyncio.ensure_future(self._reads.next())
         down = asyncio.ensure_future(self._watch.until_down())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s + DEADLINE_GRACE_S
@@ -116,8 +120,13 @@ class GenerationCall:
         raise TimeoutError
 
     async def rest(self) -> AsyncIterator[GenerationChunk]:
+        assert self._reads is not None
         try:
-            async for chunk in self._stream:
+            while True:
+                try:
+                    chunk = await self._reads.next()
+                except StopAsyncIteration:
+                    return
                 yield chunk
         except asyncio.CancelledError:
             raise
@@ -132,8 +141,8 @@ class GenerationCall:
         return _call_error(self.model, self.priority, exc)
 
     def cancel(self) -> None:
-        if self._stream is not None:
-            self._stream.cancel()  # a no-op once the stream is over
+        if self._reads is not None:
+            self._reads.cancel()  # a no-op once the stream is over
 
 
 class LiveGeneration:

@@ -1,0 +1,134 @@
+"""SettledReads: a streaming call is cancelled only between reads, never during one."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from deployments.ingress.calls import stream_reads
+from deployments.ingress.calls.stream_reads import SettledReads
+
+
+class FakeStream:
+    """A Serve streaming response: `__anext__` waits for the test to hand it an item."""
+
+    def __init__(self) -> None:
+        self.items: asyncio.Queue[object] = asyncio.Queue()
+        self.reads_started = 0
+        self.reads_interrupted = 0
+        self.reads_in_flight = 0
+        self.cancelled_with_reads_in_flight: list[int] = []
+
+    async def __anext__(self) -> object:
+        self.reads_started += 1
+        self.reads_in_flight += 1
+        try:
+            item = await self.items.get()
+        except asyncio.CancelledError:
+            self.reads_interrupted += 1
+            raise
+        finally:
+            self.reads_in_flight -= 1
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        self.cancelled_with_reads_in_flight.append(self.reads_in_flight)
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_items_come_in_order_and_the_end_is_stop_async_iteration() -> None:
+    stream = FakeStream()
+    reads = SettledReads(stream)
+    for item in ("a", "b", StopAsyncIteration()):
+        stream.items.put_nowait(item)
+    assert [await reads.next(), await reads.next()] == ["a", "b"]
+    with pytest.raises(StopAsyncIteration):
+        await reads.next()
+
+
+async def test_a_cancel_between_reads_cancels_the_call_at_once() -> None:
+    stream = FakeStream()
+    reads = SettledReads(stream)
+    stream.items.put_nowait("a")
+    await reads.next()
+    reads.cancel()
+    assert stream.cancelled_with_reads_in_flight == [0]
+
+
+async def test_a_reader_that_leaves_mid_read_cancels_the_call_once_the_read_lands() -> None:
+    stream = FakeStream()
+    reads = SettledReads(stream)
+    reader = asyncio.ensure_future(reads.next())
+    await settle()
+    reader.cancel()  # the client left while the next token was on its way
+    await settle()
+    reads.cancel()
+    reads.cancel()  # the route's finally and the stream's own both cancel
+    assert stream.cancelled_with_reads_in_flight == []
+    stream.items.put_nowait("late token")
+    await settle()
+    assert stream.cancelled_with_reads_in_flight == [0]
+    assert stream.reads_interrupted == 0
+
+
+async def test_a_read_that_never_lands_is_interrupted_after_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(stream_reads, "CANCEL_WAIT_S", 0.01)
+    stream = FakeStream()
+    reads = SettledReads(stream)
+    reader = asyncio.ensure_future(reads.next())
+    await settle()
+    reader.cancel()
+    reads.cancel()
+    await asyncio.sleep(0.05)
+    assert stream.reads_interrupted == 1
+    assert stream.cancelled_with_reads_in_flight == [0]
+
+
+async def test_a_read_left_by_one_caller_is_the_next_callers_item() -> None:
+    stream = FakeStream()
+    reads = SettledReads(stream)
+    first = asyncio.ensure_future(reads.next())
+    await settle()
+    first.cancel()  # e.g. a wait for the first token that gave up
+    await settle()
+    second = asyncio.ensure_future(reads.next())
+    stream.items.put_nowait("token")
+    assert await second == "token"
+    assert stream.reads_started == 1
+
+
+async def test_an_error_is_raised_to_the_reader() -> None:
+    stream = FakeStream()
+    reads = SettledReads(stream)
+    stream.items.put_nowait(RuntimeError("replica died"))
+    with pytest.raises(RuntimeError, match="replica died"):
+        await reads.next()
+
+
+async def test_an_error_nobody_awaits_is_not_reported_as_unretrieved() -> None:
+    stream = FakeStream()
+    reads = SettledReads(stream)
+    reported: list[dict[str, object]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _, context: reported.append(context))
+    reader = asyncio.ensure_future(reads.next())
+    await settle()
+    reader.cancel()
+    reads.cancel()
+    stream.items.put_nowait(RuntimeError("replica died"))
+    await settle()
+    del reader
+    import gc
+
+    gc.collect()
+    await settle()
+    assert stream.cancelled_with_reads_in_flight == [0]
+    assert reported == []
