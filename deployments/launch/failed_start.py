@@ -4,8 +4,9 @@ When a replica's constructor raises (a model that will not load, a library of th
 version), Serve retries it a few times (3 per replica it wants, at most the deployment's
 `max_constructor_retry_count`), then marks the application DEPLOY_FAILED. `serve run` prints
 none of that and waits on: on a GPU machine whose transformers lacked an argument the LLM
-engine passes, the launcher sat silent until the benchmark around it timed out. The launcher
-therefore watches Serve's status while the applications start,
+engine passes, the launcher sat silent until the benchmark around it timed out. The launcher's
+start-up watch (start_watch.py) therefore shows this check each status while the
+applications start, and it
 - says each replica failure as it comes: which deployment, the exception's last line, and
   how many more times Serve will try;
 - once an application is DEPLOY_FAILED, says Serve's whole message for each failed
@@ -14,32 +15,26 @@ therefore watches Serve's status while the applications start,
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
+
+from deployments.launch.start_watch import Verdict
 
 # What Serve writes into a deployment's status message after a failed replica start
 # (ray/serve/_private/deployment_state.py, record_replica_startup_failure).
 REPLICA_FAILED = "A replica failed to start"
 DEPLOY_FAILED = "DEPLOY_FAILED"
-RUNNING = "RUNNING"
 EXIT_FAILED_START = 4
-POLL_S = 1.0
 # Lines of a traceback kept in the final message: the frames nearest the error.
 TRACEBACK_LINES = 12
 
 
-def replica_failures(status: Any) -> dict[str, str] | None:
+def replica_failures(status: Any) -> dict[str, str]:
     """From `serve.status()`: each deployment whose last replica start failed, with Serve's
-    message; None once every application is RUNNING (nothing left to watch)."""
-    applications = status.applications
-    if applications and all(a.status == RUNNING for a in applications.values()):
-        return None
+    message."""
     return {
         f"{app}/{name}": deployment.message
-        for app, overview in applications.items()
+        for app, overview in status.applications.items()
         for name, deployment in overview.deployments.items()
         if (deployment.message or "").startswith(REPLICA_FAILED)
     }
@@ -95,39 +90,22 @@ def give_up_message(failed: Mapping[str, str]) -> str:
     return "\n".join(parts)
 
 
-@dataclass
-class FailedStartWatch:
-    """The watch, run in a daemon thread of the launcher."""
+class FailedStartCheck:
+    """Says each failed start once; stops once Serve has given up on an application."""
 
-    status: Callable[[], Any]  # serve.status
-    say: Callable[[str], None]
-    give_up: Callable[[], None]  # stops the launcher
-    poll_s: float = POLL_S
-    gave_up: threading.Event = field(default_factory=threading.Event)
+    exit_status = EXIT_FAILED_START
+    stopped_because = "a deployment failed to start (above: Serve's error)"
 
-    def run(self) -> None:
-        said: set[tuple[str, str]] = set()
-        while True:
-            try:
-                status = self.status()
-                failures = replica_failures(status)
-                failed = failed_deployments(status) if failures is not None else {}
-            except Exception:  # Serve starting or stopping: ask again
-                failures, failed = {}, {}
-            if failures is None:
-                return
-            if failed:
-                self.say(give_up_message(failed))
-                self.gave_up.set()
-                self.give_up()
-                return
-            for deployment, message in failures.items():
-                if (deployment, message) not in said:
-                    said.add((deployment, message))
-                    self.say(failure_notice(deployment, message))
-            time.sleep(self.poll_s)
+    def __init__(self) -> None:
+        self._said: set[tuple[str, str]] = set()
 
-    def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self.run, name="tributary-failed-start", daemon=True)
-        thread.start()
-        return thread
+    def look(self, status: Any, now: float) -> Verdict:
+        failed = failed_deployments(status)
+        if failed:
+            return Verdict([], give_up_message(failed))
+        notices = []
+        for deployment, message in replica_failures(status).items():
+            if (deployment, message) not in self._said:
+                self._said.add((deployment, message))
+                notices.append(failure_notice(deployment, message))
+        return Verdict(notices)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from deployments.launch.failed_start import EXIT_FAILED_START, FailedStartWatch
+from deployments.launch.failed_start import FailedStartCheck
 from deployments.launch.output import announce_when_ready, quiet_shutdown_noise
 from deployments.launch.paths import (
     InstanceDirError,
@@ -46,9 +46,10 @@ from deployments.launch.paths import (
 from deployments.launch.placement import (
     DEFAULT_TIMEOUT_S,
     EXIT_UNPLACEABLE,
-    PlacementWatch,
+    PlacementCheck,
     placement_problem,
 )
+from deployments.launch.start_watch import StartWatch, all_running
 
 # Always: a local Ray instance of our own (never someone else's cluster) and no usage
 # reporting (there may be no internet to report to).
@@ -279,22 +280,17 @@ def _serve(
         problem = placement_problem(config, ray.cluster_resources())
         if problem is not None:
             parser.exit(EXIT_UNPLACEABLE, f"{parser.prog}: error: {problem}\n")
-    watch = PlacementWatch(
-        config,
+    watch = StartWatch(
         status=serve.status,
-        cluster=ray.cluster_resources,
+        checks=[
+            PlacementCheck(config, ray.cluster_resources, args.placement_timeout_s),
+            FailedStartCheck(),
+        ],
         say=lambda text: print(text, file=sys.stderr, flush=True),
         # Ctrl-C's path: `serve run` shuts Serve down, then exits.
         give_up=lambda: os.kill(os.getpid(), signal.SIGINT),
-        timeout_s=args.placement_timeout_s,
     )
     watch.start()
-    failed_start = FailedStartWatch(
-        status=serve.status,
-        say=lambda text: print(text, file=sys.stderr, flush=True),
-        give_up=lambda: os.kill(os.getpid(), signal.SIGINT),
-    )
-    failed_start.start()
     announce_when_ready(config, _apps_running, lambda line: print(line, flush=True))
     # `serve run` compares its --address (by default RAY_ADDRESS, "local" here) with the
     # Ray it finds initialised and, as they differ in spelling, warned that "an address was
@@ -304,18 +300,12 @@ def _serve(
     try:
         serve_cli.main(["run", "--address", gcs, args.config, *serve_args], prog_name="serve")
     except (SystemExit, KeyboardInterrupt):
-        if watch.gave_up.is_set():
+        stopped_by = watch.stopped_by
+        if stopped_by is not None:
             # After `serve run`'s "Got KeyboardInterrupt": the interrupt was ours.
             parser.exit(
-                EXIT_UNPLACEABLE,
-                f"{parser.prog}: error: stopped: Serve could not place every replica "
-                "(above: why, and what the config asks)\n",
-            )
-        if failed_start.gave_up.is_set():
-            parser.exit(
-                EXIT_FAILED_START,
-                f"{parser.prog}: error: stopped: a deployment failed to start "
-                "(above: Serve's error)\n",
+                stopped_by.exit_status,
+                f"{parser.prog}: error: stopped: {stopped_by.stopped_because}\n",
             )
         raise
 
@@ -332,10 +322,9 @@ def _apps_running() -> bool:
     from ray import serve
 
     try:
-        applications = serve.status().applications
+        return all_running(serve.status())
     except Exception:  # starting or stopping: just not running yet
         return False
-    return bool(applications) and all(a.status == "RUNNING" for a in applications.values())
 
 
 def _port_is_free(port: int) -> bool:

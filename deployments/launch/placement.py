@@ -7,7 +7,8 @@ therefore
 - before deploying, adds up what the config's deployments ask (each replica's num_cpus,
   num_gpus and memory times the replicas it starts with) and refuses a config whose sum is more
   than the Ray it started has: no placement can fit it, whatever the order;
-- while the applications start, watches Serve's status for a deployment whose replicas
+- while the applications start, looks at each of Serve's statuses the start-up watch
+  (start_watch.py) reads for a deployment whose replicas
   "have taken more than 30s to be scheduled" (what a sum cannot see: a replica too big for
   any one node, GPU fractions that do not pack, an application of another builder), and
   gives up once that has lasted the bound, with Serve's reason and the same arithmetic.
@@ -15,10 +16,8 @@ therefore
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -26,6 +25,7 @@ from pydantic import ValidationError
 from deployments.config import AppConfig, ModelDeploymentConfig
 from deployments.config.serve_options import DeploymentOptions
 from deployments.config.traffic import ModelAppConfig
+from deployments.launch.start_watch import Verdict
 
 # The builders whose deployments are known from their args (deployments/app.py).
 APP_BUILDER = "deployments.app:build_app"
@@ -36,7 +36,6 @@ RESOURCES = ("CPU", "GPU", "memory")
 # (ray/serve/_private/deployment_state.py), not the one for replicas slow to initialise.
 UNSCHEDULED = "to be scheduled"
 DEFAULT_TIMEOUT_S = 90.0
-POLL_S = 1.0
 EXIT_UNPLACEABLE = 3
 MIB = 1024 * 1024
 FIX = (
@@ -177,15 +176,11 @@ def placement_problem(config: Mapping[str, Any], cluster: Mapping[str, float]) -
     )
 
 
-def unscheduled(status: Any) -> dict[str, str] | None:
-    """From `serve.status()`: each deployment waiting for room, with Serve's message;
-    None once every application is RUNNING (nothing left to watch)."""
-    applications = status.applications
-    if applications and all(a.status == "RUNNING" for a in applications.values()):
-        return None
+def unscheduled(status: Any) -> dict[str, str]:
+    """From `serve.status()`: each deployment waiting for room, with Serve's message."""
     return {
         f"{app}/{name}": deployment.message
-        for app, overview in applications.items()
+        for app, overview in status.applications.items()
         for name, deployment in overview.deployments.items()
         if UNSCHEDULED in (deployment.message or "")
     }
@@ -228,40 +223,31 @@ def give_up_message(
     )
 
 
-@dataclass
-class PlacementWatch:
-    """The runtime watch, run in a daemon thread of the launcher."""
+class PlacementCheck:
+    """Says when a deployment starts waiting for room; stops once it has waited
+    `timeout_s` without a break (0: never)."""
 
-    config: Mapping[str, Any]
-    status: Callable[[], Any]  # serve.status
-    cluster: Callable[[], Mapping[str, float]]  # ray.cluster_resources
-    say: Callable[[str], None]
-    give_up: Callable[[], None]  # stops the launcher
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    poll_s: float = POLL_S
-    gave_up: threading.Event = field(default_factory=threading.Event)
+    exit_status = EXIT_UNPLACEABLE
+    stopped_because = "Serve could not place every replica (above: why, and what the config asks)"
 
-    def run(self) -> None:
-        clock = StuckClock(self.timeout_s)
-        while True:
-            try:
-                stuck = unscheduled(self.status())
-            except Exception:  # Serve starting or stopping: ask again
-                stuck = {}
-            if stuck is None:
-                return
-            fresh = bool(stuck) and clock.since is None
-            now = time.monotonic()
-            if clock.expired(bool(stuck), now):
-                self.say(
-                    give_up_message(stuck, self.config, self.cluster(), now - (clock.since or now))
-                )
-                self.gave_up.set()
-                self.give_up()
-                return
-            if fresh:
-                self.say(self.first_notice(stuck))
-            time.sleep(self.poll_s)
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        cluster: Callable[[], Mapping[str, float]],  # ray.cluster_resources
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        self.config = config
+        self.cluster = cluster
+        self.timeout_s = timeout_s
+        self._clock = StuckClock(timeout_s)
+
+    def look(self, status: Any, now: float) -> Verdict:
+        stuck = unscheduled(status)
+        fresh = bool(stuck) and self._clock.since is None
+        if self._clock.expired(bool(stuck), now):
+            waited_s = now - (self._clock.since or now)
+            return Verdict([], give_up_message(stuck, self.config, self.cluster(), waited_s))
+        return Verdict([self.first_notice(stuck)] if fresh else [])
 
     def first_notice(self, stuck: Mapping[str, str]) -> str:
         then = (
@@ -275,8 +261,3 @@ class PlacementWatch:
                 *(f"  {message}" for message in stuck.values()),
             ]
         )
-
-    def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self.run, name="tributary-placement", daemon=True)
-        thread.start()
-        return thread

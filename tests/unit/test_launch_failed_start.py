@@ -1,18 +1,20 @@
-"""The launcher's watch for replicas that fail to start (deployments/launch/failed_start.py),
-on statuses shaped as `serve.status()` returns them; tests/serve/test_failed_start_served.py
-runs it against Serve."""
+"""The launcher's check for replicas that fail to start (deployments/launch/failed_start.py),
+in the start-up watch, on statuses shaped as `serve.status()` returns them;
+tests/serve/test_failed_start_served.py runs it against Serve."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 from deployments.launch.failed_start import (
-    FailedStartWatch,
+    EXIT_FAILED_START,
+    FailedStartCheck,
     failed_deployments,
     failure_notice,
     replica_failures,
     tail,
 )
+from deployments.launch.start_watch import StartWatch
 
 TRACEBACK = (
     "Traceback (most recent call last):\n"
@@ -53,7 +55,7 @@ def test_only_deployments_whose_replica_failed_are_reported() -> None:
     )
     assert replica_failures(status) == {"tributary/llm": RETRYING}
     assert failed_deployments(status) == {}
-    assert replica_failures(_status("RUNNING", llm=("HEALTHY", ""))) is None
+    assert replica_failures(_status("RUNNING", llm=("HEALTHY", ""))) == {}
 
 
 def test_the_notice_names_the_deployment_the_error_and_the_retries_left() -> None:
@@ -83,10 +85,11 @@ def test_a_long_traceback_keeps_its_last_lines() -> None:
     assert tail("one\ntwo", lines=3).splitlines() == ["  one", "  two"]
 
 
-def _watch(statuses: list[SimpleNamespace], said: list[str], stops: list[bool]) -> FailedStartWatch:
+def _watch(statuses: list[SimpleNamespace], said: list[str], stops: list[bool]) -> StartWatch:
     answers = iter(statuses)
-    return FailedStartWatch(
+    return StartWatch(
         status=lambda: next(answers, statuses[-1]),
+        checks=[FailedStartCheck()],
         say=said.append,
         give_up=lambda: stops.append(True),
         poll_s=0.001,
@@ -101,7 +104,8 @@ def test_each_failure_is_said_once_then_serves_give_up_stops_the_launch() -> Non
     gave_up = _status("DEPLOY_FAILED", llm=("DEPLOY_FAILED", GAVE_UP))
     watch = _watch([retrying, retrying, once_more, gave_up], said, stops)
     watch.run()
-    assert stops == [True] and watch.gave_up.is_set()
+    assert stops == [True] and watch.stopped_by is not None
+    assert watch.stopped_by.exit_status == EXIT_FAILED_START
     assert [line.rsplit("; ", 1)[-1] for line in said[:2]] == [
         "Serve tries 2 more time(s)",
         "Serve tries 1 more time(s)",
@@ -111,24 +115,10 @@ def test_each_failure_is_said_once_then_serves_give_up_stops_the_launch() -> Non
     assert len(said) == 3
 
 
-def test_the_watch_ends_quietly_once_the_apps_run() -> None:
+def test_a_slow_start_is_no_failure() -> None:
     said: list[str] = []
     stops: list[bool] = []
     starting = _status("DEPLOYING", embed=("UPDATING", SLOW))
     watch = _watch([starting, _status("RUNNING", embed=("HEALTHY", ""))], said, stops)
     watch.run()
-    assert said == [] and stops == [] and not watch.gave_up.is_set()
-
-
-def test_a_status_that_cannot_be_read_is_asked_again() -> None:
-    said: list[str] = []
-    answers = iter([None, _status("RUNNING")])
-
-    def status() -> SimpleNamespace:
-        answer = next(answers)
-        if answer is None:
-            raise ConnectionError("controller starting")
-        return answer
-
-    FailedStartWatch(status=status, say=said.append, give_up=lambda: None, poll_s=0.001).run()
-    assert said == []
+    assert said == [] and stops == [] and watch.stopped_by is None

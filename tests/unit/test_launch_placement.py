@@ -11,13 +11,15 @@ from typing import Any
 
 from bench.server import load_config
 from deployments.launch.placement import (
+    EXIT_UNPLACEABLE,
     MIB,
-    PlacementWatch,
+    PlacementCheck,
     StuckClock,
     config_demands,
     placement_problem,
     unscheduled,
 )
+from deployments.launch.start_watch import StartWatch
 
 TWO_CORES = {"CPU": 2.0, "memory": 4096.0 * MIB}
 SERVE_SAYS = (
@@ -87,7 +89,6 @@ def test_only_deployments_waiting_for_room_count_as_stuck() -> None:
     slow_load = "has 1 replicas that have taken more than 30s to initialize."
     status = _status("DEPLOYING", ingress=SERVE_SAYS, embed=slow_load, rerank="")
     assert unscheduled(status) == {"tributary/ingress": SERVE_SAYS}
-    assert unscheduled(_status("RUNNING", ingress="")) is None
     assert unscheduled(SimpleNamespace(applications={})) == {}
 
 
@@ -100,15 +101,14 @@ def test_the_clock_runs_only_while_stuck_without_a_break() -> None:
     assert not StuckClock(timeout_s=0).expired(True, now=1e9)  # 0 waits forever
 
 
-def _watch(statuses: list[SimpleNamespace], said: list[str], stops: list[bool]) -> PlacementWatch:
+def _watch(statuses: list[SimpleNamespace], said: list[str], stops: list[bool]) -> StartWatch:
     answers = iter(statuses)
-    return PlacementWatch(
-        two_embedder_versions(),
+    check = PlacementCheck(two_embedder_versions(), lambda: TWO_CORES, timeout_s=0.05)
+    return StartWatch(
         status=lambda: next(answers, statuses[-1]),
-        cluster=lambda: TWO_CORES,
+        checks=[check],
         say=said.append,
         give_up=lambda: stops.append(True),
-        timeout_s=0.05,
         poll_s=0.01,
     )
 
@@ -118,7 +118,8 @@ def test_the_watch_gives_up_with_serves_reason_and_the_arithmetic() -> None:
     stops: list[bool] = []
     watch = _watch([_status("DEPLOYING", ingress=SERVE_SAYS)], said, stops)
     watch.run()
-    assert stops == [True] and watch.gave_up.is_set()
+    assert stops == [True] and watch.stopped_by is not None
+    assert watch.stopped_by.exit_status == EXIT_UNPLACEABLE
     first, last = said[0], said[-1]
     assert first.startswith("Serve cannot place every replica yet; the launcher gives up if")
     assert SERVE_SAYS in first
@@ -133,5 +134,5 @@ def test_the_watch_ends_quietly_once_the_apps_run() -> None:
     starting = [_status("DEPLOYING", ingress=""), _status("DEPLOYING", ingress=SERVE_SAYS)]
     watch = _watch([*starting, _status("RUNNING", ingress="")], said, stops)
     watch.run()
-    assert stops == [] and not watch.gave_up.is_set()
+    assert stops == [] and watch.stopped_by is None
     assert len(said) == 1  # the notice, then nothing

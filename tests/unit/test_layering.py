@@ -28,9 +28,10 @@ RANKS: dict[str, tuple[int, str]] = {
     "deployments.http": (4, "http"),
     # What the launcher prints: below it, imports nothing of ours.
     "deployments.launch.output": (4, "launch-output"),
+    # The launcher's start-up watch (nothing of ours), below the two checks it runs.
+    "deployments.launch.start_watch": (3, "launch-start-watch"),
     # The launcher's helpers below it: its instance's files (nothing of ours), what the
-    # config asks of the machine (reads the config) and replicas that fail to start
-    # (nothing of ours).
+    # config asks of the machine (reads the config) and replicas that fail to start.
     "deployments.launch.paths": (4, "launch-paths"),
     "deployments.launch.placement": (4, "launch-placement"),
     "deployments.launch.failed_start": (4, "launch-failed-start"),
