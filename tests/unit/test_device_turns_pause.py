@@ -149,6 +149,47 @@ def test_a_stop_whose_stopper_died_or_overran_is_undone_by_the_next_look(
     bulk.release(t_bulk)
 
 
+def test_a_holder_that_runs_on_until_its_stop_lands_is_still_continued(
+    tmp_path: Path, clock: Clock, signals: Signals
+) -> None:
+    """The stop is sent under the lock, but on a loaded machine the stopped process may run
+    for milliseconds more: it ends its pass and asks for the next turn, rewriting its slot,
+    and only then stops. The stopper must continue it all the same: left stopped while
+    holding the table's lock, it would stop every replica on the device (the likeliest
+    cause of a soak's three model replicas missing their health checks at once)."""
+    s = TurnSettings(min_share=0.0)
+    bulk, live = replicas(tmp_path, clock, signals, s, s, capacity=2)
+    t_bulk, _ = bulk.try_acquire(BATCH)
+    paused = live.pause_lower(REALTIME)
+    assert signals.of(signal.SIGSTOP) == [101]
+    # Not stopped yet: the pass ends and the next one asks, on the same slot.
+    bulk.release(t_bulk)
+    t_next, _ = bulk.try_acquire(BATCH)
+    assert t_next.slot == t_bulk.slot
+    clock.now += 0.01
+    live.resume(paused)
+    assert signals.of(signal.SIGCONT) == [101]
+    # The mark is cleared with the resume: the next pass is granted as any other.
+    assert bulk._granted_yet(t_next)
+    bulk.release(t_next)
+
+
+def test_the_stopper_continues_what_it_stopped_even_when_the_table_lost_the_mark(
+    tmp_path: Path, clock: Clock, signals: Signals
+) -> None:
+    s = TurnSettings(min_share=0.0)
+    bulk, live = replicas(tmp_path, clock, signals, s, s, capacity=2)
+    t_bulk, _ = bulk.try_acquire(BATCH)
+    paused = live.pause_lower(REALTIME)
+    with live.table.locked() as table:
+        slot = table.slot(t_bulk.slot)
+        slot.paused_by, slot.paused_at = 0, 0.0
+        table.write(t_bulk.slot, slot)
+    live.resume(paused)
+    assert signals.of(signal.SIGCONT) == [101]
+    bulk.release(t_bulk)
+
+
 def test_a_process_holding_two_turns_is_stopped_once_and_continued_once(
     tmp_path: Path, clock: Clock, signals: Signals
 ) -> None:

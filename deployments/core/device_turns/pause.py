@@ -21,7 +21,7 @@ ageing that keeps a low class moving still holds.
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from deployments.core.device_turns.table import (
     FREE,
@@ -76,10 +76,20 @@ def pause_lower(
     return paused
 
 
-def resume(table: TurnTable, me: int, slots: list[int], signal_to: Signal = send_signal) -> None:
-    """Under the lock: continues what `me` stopped in `slots` (a slot another stopper took
-    over, or that changed hands, is left alone)."""
-    pids: set[int] = set()
+def resume(
+    table: TurnTable,
+    me: int,
+    slots: list[int],
+    stopped: Collection[int] = (),
+    signal_to: Signal = send_signal,
+) -> None:
+    """Under the lock: clears `me`'s marks in `slots` (a slot another stopper took over, or
+    that changed hands, is left alone) and continues the processes `me` stopped, `stopped`,
+    unless another live stop still holds them. `stopped` is what the stopper remembers,
+    not what the slots say: a slot's mark can be gone by the time the stop lands (a
+    process may run on for a moment after the signal is sent), and a process left stopped
+    while it holds the table's lock would stop every replica on the device."""
+    pids: set[int] = set(stopped)
     for index in slots:
         slot = table.slot(index)
         if slot.paused_by != me:

@@ -102,6 +102,7 @@ class Stop(NamedTuple):
 
     slots: list[int]
     since: float
+    pids: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -194,6 +195,10 @@ class DeviceTurns:
                     model_key=self._model_key,
                     busy=last.busy,
                     busy_at=last.busy_at,
+                    # A stop sent while this process held the slot may land only now
+                    # (pause.py): its mark stays for the stopper's `resume` to find.
+                    paused_by=last.paused_by,
+                    paused_at=last.paused_at,
                 ),
             )
             granted = self._fill(table, now, reap=False)
@@ -383,16 +388,17 @@ class DeviceTurns:
                 return _shares(table, table.header(), now)
 
             paused = pause_lower(table, self._pid, klass, now, shares, self._signal)
+            pids = frozenset(table.slot(index).pid for index in paused)
         self.counts.paused += len(paused)
-        return Stop(paused, now)
+        return Stop(paused, now, pids)
 
     def resume(self, stop: Stop) -> float:
         """Continues what `pause_lower` stopped; returns for how long it was stopped."""
-        slots, since = stop
+        slots, since, pids = stop
         if not slots:
             return 0.0
         with self.table.locked() as table:
-            resume(table, self._pid, slots, self._signal)
+            resume(table, self._pid, slots, pids, self._signal)
         stopped_s = max(0.0, self._clock() - since)
         self.counts.paused_s += stopped_s
         return stopped_s
