@@ -90,3 +90,25 @@ async def test_continuous_greedy_equals_static_generate_and_cancel_frees(lm: Cau
 def test_unknown_demo_model_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown demo model"):
         resolve_lm_source("demo:nope", tmp_path)
+
+
+async def test_stray_outputs_that_come_after_a_cancel_are_dropped_not_kept(lm: CausalLM) -> None:
+    engine = ContinuousEngine(lm, ContinuousSettings(max_num_seqs=8, kv_cache_tokens=8192))
+    engine.start()
+    try:
+        prompt = lm.chat_ids([{"role": "user", "content": "a river runs"}])
+        left = engine.manager.output_router.output_queue
+        for round_ in range(5):
+            started = [asyncio.Event() for _ in range(8)]
+            for i, event in enumerate(started):
+                engine.submit(f"r{round_}-{i}", prompt, 400, GREEDY, lambda _, e=event: e.set())
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 30)
+            for i in range(8):  # clients leaving mid-stream, while the manager steps
+                engine.cancel(f"r{round_}-{i}")
+            await asyncio.sleep(0.1)
+        strays = left.qsize()
+        engine.check()  # what the watchdog does every period
+        assert left.qsize() == 0
+        assert engine.stats()["stray_outputs_dropped"] == strays
+    finally:
+        engine.stop()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -166,6 +167,7 @@ class ContinuousEngine:
         self._live: dict[str, _Sequence] = {}
         self._stopping = False
         self.cancelled = 0
+        self.stray_outputs = 0  # outputs that came after their sequence was cancelled
         self.finished = 0
         self.failed = 0
         self.generated_tokens = 0
@@ -317,7 +319,9 @@ class ContinuousEngine:
     def check(self) -> bool:
         """On the event loop: if the manager's thread has stopped (for any reason but our
         own stop), fail every live sequence now, as the engine's failure, and start a new
-        manager over the loaded model. Returns whether the engine is alive afterwards."""
+        manager over the loaded model. Returns whether the engine is alive afterwards.
+        Also drops the outputs nobody will read (`_discard_strays`)."""
+        self._discard_strays()
         if self.alive or self._stopping:
             return self.alive
         self._fail_all("the generation engine stopped; it is restarting")
@@ -341,6 +345,20 @@ class ContinuousEngine:
             self.restarts,
         )
         return self.alive
+
+    def _discard_strays(self) -> None:
+        """The manager puts an output whose request has no handler on a shared queue, and
+        nothing here reads it: every sequence has a handler, dropped when it is cancelled,
+        and the step in flight then (or the next, before the manager takes the cancel)
+        still makes an output. Left there, each would stay for good: ~1 KB of every client
+        that leaves a stream."""
+        strays = self.manager.output_router.output_queue
+        while True:
+            try:
+                strays.get_nowait()
+            except queue.Empty:
+                return
+            self.stray_outputs += 1
 
     def _fail_all(self, message: str) -> None:
         for request_id, sequence in list(self._live.items()):
@@ -375,6 +393,7 @@ class ContinuousEngine:
             "running_sequences": self.running,
             "finished_sequences": self.finished,
             "cancelled_sequences": self.cancelled,
+            "stray_outputs_dropped": self.stray_outputs,
             "failed_sequences": self.failed,
             "generated_tokens": self.generated_tokens,
             "generation_thread_alive": self.alive,
