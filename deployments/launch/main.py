@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 
 from deployments.launch.failed_start import FailedStartCheck
-from deployments.launch.output import announce_when_ready, quiet_shutdown_noise
+from deployments.launch.output import announcer, quiet_shutdown_noise
 from deployments.launch.paths import (
     InstanceDirError,
     haproxy_paths,
@@ -49,7 +49,7 @@ from deployments.launch.placement import (
     PlacementCheck,
     placement_problem,
 )
-from deployments.launch.start_watch import StartWatch, all_running
+from deployments.launch.start_watch import StartWatch
 
 # Always: a local Ray instance of our own (never someone else's cluster) and no usage
 # reporting (there may be no internet to report to).
@@ -289,9 +289,9 @@ def _serve(
         say=lambda text: print(text, file=sys.stderr, flush=True),
         # Ctrl-C's path: `serve run` shuts Serve down, then exits.
         give_up=lambda: os.kill(os.getpid(), signal.SIGINT),
+        on_running=announcer(config, lambda line: print(line, flush=True)),
     )
     watch.start()
-    announce_when_ready(config, _apps_running, lambda line: print(line, flush=True))
     # `serve run` compares its --address (by default RAY_ADDRESS, "local" here) with the
     # Ray it finds initialised and, as they differ in spelling, warned that "an address was
     # passed to `serve run`" and a different one connected; naming the Ray we started
@@ -314,17 +314,6 @@ def _shutdown_ray() -> None:
     import ray
 
     ray.shutdown()
-
-
-def _apps_running() -> bool:
-    """Whether Serve has applications and every one is RUNNING (False while the
-    controller is not up yet or cannot be asked)."""
-    from ray import serve
-
-    try:
-        return all_running(serve.status())
-    except Exception:  # starting or stopping: just not running yet
-        return False
 
 
 def _port_is_free(port: int) -> bool:

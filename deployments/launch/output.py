@@ -1,16 +1,15 @@
 """What `python -m deployments.launch` itself says: one line once the app can be used.
 
 `serve run` says "Submitted deploy config successfully." long before any replica has
-loaded its model, and nothing after; a user had to poll /healthz to know. A thread of the
-launcher does that polling and prints one line, once, when the config's applications are
-all RUNNING and /healthz answers 200: where, and which models, each embedding and rerank
-model with the runtime its replica runs and why (from /v1/stats).
+loaded its model, and nothing after; a user had to poll /healthz to know. Once the
+start-up watch (start_watch.py) sees the config's applications all RUNNING, its thread
+polls /healthz and prints one line, once, when it answers 200: where, and which models,
+each embedding and rerank model with the runtime its replica runs and why (/v1/stats).
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -89,30 +88,21 @@ def models_stats(url: str) -> dict[str, Any]:
 def wait_then_announce(
     url: str,
     models: list[str],
-    apps_running: Callable[[], bool],
     say: Callable[[str], None],
     healthy: Callable[[str], bool] = healthz_ok,
     poll_s: float = POLL_S,
     stats: Callable[[str], dict[str, Any]] = models_stats,
 ) -> None:
-    """Blocks until the apps run and /healthz answers 200, then says the ready line."""
-    while not (healthy(url) and apps_running()):
+    """Blocks until /healthz answers 200, then says the ready line. Called once Serve says
+    every application runs (launch/start_watch.py's `on_running`)."""
+    while not healthy(url):
         time.sleep(poll_s)
     say(ready_line(url, models, stats(url)))
 
 
-def announce_when_ready(
-    config: dict[str, Any], apps_running: Callable[[], bool], say: Callable[[str], None]
-) -> threading.Thread:
-    """Starts the waiting in a daemon thread: it never keeps the launcher alive."""
-    thread = threading.Thread(
-        target=wait_then_announce,
-        args=(base_url(config), model_names(config), apps_running, say),
-        name="tributary-ready-line",
-        daemon=True,
-    )
-    thread.start()
-    return thread
+def announcer(config: dict[str, Any], say: Callable[[str], None]) -> Callable[[], None]:
+    """What says the ready line for `config`, once its applications run."""
+    return lambda: wait_then_announce(base_url(config), model_names(config), say)
 
 
 # What the raylet says when Serve's own shutdown kills its controller while calls to it are

@@ -4,7 +4,8 @@ says the start cannot succeed.
 One daemon thread asks `serve.status()` once a poll and shows the answer to each check: a
 replica no node has room for (placement.py) and a replica whose constructor fails
 (failed_start.py). A check says what it sees as it comes and may stop the launcher with a
-message; the watch ends quietly once every application is RUNNING.
+message. Once every application is RUNNING the watch hands its thread to `on_running` (the
+ready line: launch/output.py) and ends.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class StartWatch:
     checks: Sequence[StartCheck]
     say: Callable[[str], None]
     give_up: Callable[[], None]  # stops the launcher
+    # Called once, on the watch's thread, when every application runs.
+    on_running: Callable[[], None] = lambda: None
     poll_s: float = POLL_S
     # The check that stopped the launcher; set before `give_up` is called.
     stopped_by: StartCheck | None = None
@@ -58,6 +61,7 @@ class StartWatch:
                 status = None
             if status is not None:
                 if all_running(status):
+                    self.on_running()
                     return
                 if self._stopped(status):
                     return

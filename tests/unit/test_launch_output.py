@@ -46,19 +46,14 @@ def test_a_config_without_models_says_none() -> None:
     assert launch_output.ready_line("http://h:1", []).endswith("(models: none)")
 
 
-def test_nothing_is_said_until_both_the_apps_run_and_healthz_answers() -> None:
-    checks = iter([(False, False), (True, False), (False, True), (True, True)])
-    state = {"healthy": False, "running": False}
+def test_nothing_is_said_until_healthz_answers() -> None:
+    answers = iter([False, False, True])
     said: list[str] = []
-
-    def healthy(url: str) -> bool:
-        state["healthy"], state["running"] = next(checks)
-        return state["healthy"]
-
     launch_output.wait_then_announce(
-        "http://h:1", ["m"], lambda: state["running"], said.append, healthy, 0, lambda url: {}
+        "http://h:1", ["m"], said.append, lambda url: next(answers), 0, lambda url: {}
     )
     assert said == ["Tributary is ready at http://h:1 (models: m)"]
+    assert next(answers, "asked no more") == "asked no more"
 
 
 def test_each_encoder_model_says_its_runtime_and_why() -> None:
@@ -81,7 +76,7 @@ def test_each_encoder_model_says_its_runtime_and_why() -> None:
     models = ["all-MiniLM-L6-v2", "minilm-rerank", "tiny-llama-demo", "broken", "missing"]
     said: list[str] = []
     launch_output.wait_then_announce(
-        "http://h:1", models, lambda: True, said.append, lambda url: True, 0, lambda url: stats
+        "http://h:1", models, said.append, lambda url: True, 0, lambda url: stats
     )
     assert said == [
         "Tributary is ready at http://h:1 (models: "

@@ -1,5 +1,6 @@
 """The launcher's start-up watch (deployments/launch/start_watch.py): one status a poll for
-every check, quiet once the applications run, stopped by the first check that says so."""
+every check, handed to `on_running` once the applications run, stopped by the first check
+that says so."""
 
 from __future__ import annotations
 
@@ -40,7 +41,14 @@ def _watch(statuses: list[Any], checks: list[Check], said: list[str]) -> StartWa
             raise answer
         return answer
 
-    return StartWatch(status, checks, said.append, give_up=lambda: said.append("SIGINT"), poll_s=0)
+    return StartWatch(
+        status,
+        checks,
+        said.append,
+        give_up=lambda: said.append("SIGINT"),
+        on_running=lambda: said.append("running"),
+        poll_s=0,
+    )
 
 
 def test_every_check_sees_each_status_once_until_the_apps_run() -> None:
@@ -50,7 +58,7 @@ def test_every_check_sees_each_status_once_until_the_apps_run() -> None:
     watch = _watch([deploying, deploying, _status("RUNNING")], [first, second], said)
     watch.run()
     assert first.looks == second.looks == [deploying, deploying]
-    assert said == ["placement 1", "failed start 1", "placement 2", "failed start 2"]
+    assert said == ["placement 1", "failed start 1", "placement 2", "failed start 2", "running"]
     assert watch.stopped_by is None
 
 
@@ -68,7 +76,7 @@ def test_a_status_that_cannot_be_read_is_asked_again_and_shown_to_nobody() -> No
     check = Check("placement")
     statuses = [ConnectionError("controller starting"), _status("DEPLOYING"), _status("RUNNING")]
     _watch(statuses, [check], said).run()
-    assert said == ["placement 1"]
+    assert said == ["placement 1", "running"]
 
 
 def test_an_empty_status_is_not_running() -> None:
