@@ -20,6 +20,7 @@ class _Stream:
     def __init__(self, events: list[Any]) -> None:
         self._events = iter(events)
         self.cancelled = False
+        self.ended = False
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self
@@ -29,10 +30,22 @@ class _Stream:
         try:
             return next(self._events)
         except StopIteration:
+            self.ended = True
             raise StopAsyncIteration from None
 
     def cancel(self) -> None:
         self.cancelled = True
+
+
+class _StopNotes:
+    """`handle.stop_sequence.remote(key)`: recorded; the run it names is found."""
+
+    def __init__(self, keys: list[str]) -> None:
+        self.keys = keys
+
+    def remote(self, key: str) -> Any:
+        self.keys.append(key)
+        return asyncio.ensure_future(asyncio.sleep(0, True))
 
 
 class FakeGenerator:
@@ -45,8 +58,10 @@ class FakeGenerator:
         ]
         self.calls: list[tuple[str, Any, float | None]] = []
         self.streams: list[_Stream] = []
+        self.stop_keys: list[str] = []
         self.generate = self
         self.info = self
+        self.stop_sequence = _StopNotes(self.stop_keys)
 
     def options(self, stream: bool) -> FakeGenerator:
         assert stream
@@ -92,7 +107,7 @@ async def test_chat_completion_whole() -> None:
     assert answer["choices"][0]["message"] == {"role": "assistant", "content": "hello world"}
     assert answer["choices"][0]["finish_reason"] == "length"
     assert answer["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
-    priority, job, _ = fake.calls[0]
+    priority, job, _, _ = fake.calls[0]
     assert priority == "normal" and job.messages == [{"role": "user", "content": "hi"}]
 
 
@@ -113,7 +128,10 @@ async def test_stream_is_openai_sse_with_usage_and_done() -> None:
     assert [c["choices"][0]["text"] for c in chunks[:2]] == ["hello", " world"]
     assert chunks[1]["choices"][0]["finish_reason"] == "length"
     assert chunks[2]["choices"] == [] and chunks[2]["usage"]["completion_tokens"] == 2
-    assert fake.calls[0][0] == "batch" and fake.streams[0].cancelled
+    assert fake.calls[0][0] == "batch"
+    await asyncio.sleep(0.01)  # the stream is read to its end in the background
+    # A stream that ended as it should is neither cancelled nor the subject of a stop note.
+    assert fake.streams[0].ended and not fake.streams[0].cancelled and not fake.stop_keys
 
 
 async def test_rejections_become_http_errors() -> None:

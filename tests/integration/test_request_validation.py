@@ -182,7 +182,7 @@ async def test_edge_values_the_schema_admits_reach_the_model_intact() -> None:
         for path, body in sent:
             response = await client.post(path, json=body)
             assert response.status_code == 200, response.text
-    jobs = [job for _, job, _ in app.generator.calls]
+    jobs = [job for _, job, _, _ in app.generator.calls]
     assert (jobs[0].temperature, jobs[0].top_p, jobs[0].seed) == (1e-39, 1e-300, INT64_MAX)
     assert jobs[1].temperature == 1 and jobs[1].seed == -(2**63) and jobs[1].max_tokens == 3
     assert jobs[2].prompt == "   "

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+import pytest
+
 from deployments.backends.generation.continuous import EngineDown, EngineOutput, OnOutput
 from deployments.backends.generation.sampling import SamplingParams
 from deployments.core.batching.sequence_slots import SequenceSlots, SlotLimits
@@ -307,3 +309,54 @@ async def test_engine_death_before_the_first_token_is_a_503() -> None:
     (event,) = await asyncio.wait_for(run, 1)
     assert isinstance(event, Rejection) and event.status == 503
     assert event.code == "engine_restarting" and event.retry_after_s
+
+
+async def test_a_stop_note_ends_the_stream_as_a_finished_one_and_cancels_the_sequence() -> None:
+    engine = FakeEngine()
+    w = worker(engine)
+    stream = w.run(Priority.NORMAL, GenerationJob("r1", 20, prompt="a"), None, "key-1")
+    first = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    engine.step()
+    assert isinstance(await first, GenerationChunk)
+    engine.step()  # a token on its way when the note lands
+    assert w.stop("key-1")
+    rest = [event async for event in stream]  # ends without an error: no cancel from Serve
+    assert all(isinstance(event, GenerationChunk) for event in rest)
+    assert engine.cancelled and not engine.live and w.slots.stats.running == 0
+    assert w.counts["stopped_by_note"] == 1 and w.counts["client_gone"] == 1
+    assert not w.stop("key-1")  # over: the key names nothing any more
+
+
+async def test_a_stop_note_for_a_run_waiting_for_a_slot_ends_it_with_no_event() -> None:
+    engine = FakeEngine()
+    w = worker(engine, seqs=1)
+    holder = w.run(Priority.NORMAL, GenerationJob("r1", 20, prompt="a"), None, "key-1")
+    held = asyncio.ensure_future(anext(holder))
+    waiter = w.run(Priority.NORMAL, GenerationJob("r2", 20, prompt="a"), None, "key-2")
+    waiting = asyncio.ensure_future(anext(waiter))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert sum(w.slots.stats.waiting.values()) == 1
+    assert w.stop("key-2")
+    with pytest.raises(StopAsyncIteration):
+        await waiting
+    assert sum(w.slots.stats.waiting.values()) == 0 and len(engine.submitted) == 1
+    engine.step()
+    assert isinstance(await held, GenerationChunk)  # the other run goes on
+    await holder.aclose()
+
+
+async def test_a_stop_note_names_only_the_run_that_chose_its_key() -> None:
+    engine = FakeEngine()
+    w = worker(engine)
+    assert not w.stop("never-used")
+    first = w.run(Priority.NORMAL, GenerationJob("r1", 3, prompt="a"), None, "same")
+    second = w.run(Priority.NORMAL, GenerationJob("r2", 3, prompt="a"), None, "same")
+    started = [asyncio.ensure_future(anext(first)), asyncio.ensure_future(anext(second))]
+    await asyncio.sleep(0)
+    engine.step()
+    await asyncio.gather(*started)
+    assert w.stop("same")  # the first run's key; the second could not take it
+    assert [e async for e in first] == []
+    assert len(await drive(engine, second)) == 2  # its two tokens left, to the end

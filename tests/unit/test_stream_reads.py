@@ -1,8 +1,10 @@
-"""SettledReads: a streaming call is cancelled only between reads, never during one."""
+"""SettledReads: a stream whose reader left is ended by a note and read to its end; one
+that must be cancelled is cancelled only between reads, never during one."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -130,5 +132,91 @@ async def test_an_error_nobody_awaits_is_not_reported_as_unretrieved() -> None:
 
     gc.collect()
     await settle()
-    assert stream.cancelled_with_reads_in_flight == [0]
+    assert stream.cancelled_with_reads_in_flight == []  # it ended in its error
     assert reported == []
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    for _ in range(200):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not reached within a second")
+
+
+class Note:
+    """A stop note: ends `stream` when `finds` (the replica held the run), else not."""
+
+    def __init__(self, stream: FakeStream | None, finds: bool = True) -> None:
+        self.stream = stream
+        self.finds = finds
+        self.sent = 0
+
+    async def __call__(self) -> bool:
+        self.sent += 1
+        await asyncio.sleep(0)
+        if self.finds and self.stream is not None:
+            self.stream.items.put_nowait("the token on its way")
+            self.stream.items.put_nowait(StopAsyncIteration())
+        return self.finds
+
+
+async def test_a_stopped_stream_is_read_to_its_end_and_never_cancelled() -> None:
+    stream = FakeStream()
+    reads = SettledReads(stream)
+    stream.items.put_nowait("a")
+    await reads.next()
+    note = Note(stream)
+    reads.stop(note)
+    reads.stop(note)  # the route's finally and the stream's own both stop it
+    await until(lambda: reads.ended)
+    await settle()
+    assert note.sent == 1
+    assert stream.cancelled_with_reads_in_flight == [] and stream.reads_interrupted == 0
+
+
+async def test_a_stream_known_to_end_is_read_to_its_end_without_a_note() -> None:
+    stream = FakeStream()
+    reads = SettledReads(stream)
+    reads.stop()
+    stream.items.put_nowait(StopAsyncIteration())
+    await until(lambda: reads.ended)
+    await settle()
+    assert stream.cancelled_with_reads_in_flight == []
+
+
+async def test_a_note_that_finds_no_run_cancels_the_call_between_reads() -> None:
+    stream = FakeStream()
+    reads = SettledReads(stream)
+    note = Note(stream, finds=False)  # the note reached a replica without this run
+    reads.stop(note)
+    await settle()
+    assert note.sent == 1 and stream.cancelled_with_reads_in_flight == []
+    stream.items.put_nowait("late token")  # the read in flight lands, then the cancel
+    await until(lambda: stream.cancelled_with_reads_in_flight == [0])
+    assert stream.reads_interrupted == 0
+
+
+async def test_a_stream_that_does_not_end_after_its_note_is_cancelled_after_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(stream_reads, "STOP_WAIT_S", 0.02)
+    monkeypatch.setattr(stream_reads, "CANCEL_WAIT_S", 0.01)
+    stream = FakeStream()
+    reads = SettledReads(stream)
+    reads.stop(Note(None))  # found, but the replica never ends it (a stalled replica)
+    await asyncio.sleep(0.1)
+    assert stream.reads_interrupted == 1
+    assert stream.cancelled_with_reads_in_flight == [0]
+
+
+async def test_a_read_that_landed_before_its_callback_ran_is_not_read_again() -> None:
+    stream = FakeStream()
+    reads = SettledReads(stream)
+    landed: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+    landed.set_result("the token on its way")  # landed for a reader that left
+    reads._read = landed  # what a landing read leaves until its callback has run
+    stream.items.put_nowait(StopAsyncIteration())
+    reads.stop()
+    await until(lambda: reads.ended)  # a loop over the landed read would never yield
+    assert stream.reads_started == 1 and stream.cancelled_with_reads_in_flight == []

@@ -95,11 +95,11 @@ class SequenceSlots:
     async def acquire(self, priority: Priority, tokens: int, deadline: float | None) -> Slot:
         """A slot for a sequence of `tokens` (prompt + max new); `deadline` is on this
         object's clock. Release it with `release` once the sequence is over."""
+        granted = self.try_acquire(priority, tokens)
+        if granted is not None:
+            return granted
         slot = Slot(priority, tokens, self._clock())
         queue = self._queues[priority]
-        if not any(self._queues.values()) and self._fits(tokens):
-            self._grant(slot)
-            return slot
         limit = self.limits.max_queued.get(priority, 0)
         if len(queue) >= limit:
             self._refused += 1
@@ -121,6 +121,14 @@ class SequenceSlots:
                 self._timed_out += 1
                 raise SlotTimeout() from None
             raise
+        return slot
+
+    def try_acquire(self, priority: Priority, tokens: int) -> Slot | None:
+        """A slot now if one is free and nobody waits for one, else None."""
+        if any(self._queues.values()) or not self._fits(tokens):
+            return None
+        slot = Slot(priority, tokens, self._clock())
+        self._grant(slot)
         return slot
 
     def release(self, slot: Slot) -> None:

@@ -27,7 +27,7 @@ from deployments.core.cache.result_cache import item_key
 from deployments.core.generation_key import GENERATION_KEY_FORMAT, cacheable, job_content
 from deployments.core.protocol import GenerationChunk, GenerationJob
 from deployments.ingress.cache.item_cache import ItemCaches
-from deployments.ingress.tasks.generation import LiveGeneration, Reply, sse
+from deployments.ingress.tasks.generation import LiveGeneration, Reply, sse, started
 
 Completion = tuple[str, GenerationChunk]  # the whole text and the last chunk (usage, reason)
 
@@ -67,7 +67,7 @@ async def stream_answer(
             return sse(replay, replay.first, reply, include_usage, _nothing_to_settle)
     live = await start()
     store = None if cached is None else cached.store
-    return sse(live.call, live.first, reply, include_usage, live.settle, store)
+    return await started(sse(live.call, live.first, reply, include_usage, live.settle, store))
 
 
 async def whole_answer(

@@ -3,8 +3,8 @@ model's replica as one streaming call, and answer as JSON or as server-sent even
 
 A request's first event is awaited before any response starts, so a refusal (queue full,
 deadline, prompt too long) is a real HTTP status. After that, tokens flow as they come;
-when the client goes away the stream's call is cancelled (between two reads:
-`calls/stream_reads.py`), which cancels the sequence in the replica's engine.
+when the client goes away the replica is told to stop the sequence by a note, and the
+stream is read to its end (`calls/stream_reads.py`: a cancelled call leaks in gRPC).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from deployments.ingress.api.generation_schemas import (
     Unsupported,
 )
 from deployments.ingress.api.schemas import as_invalid_request
+from deployments.ingress.calls.apart import apart_from_request
 from deployments.ingress.calls.call_errors import RAY_CALL_ERRORS, REPLICA_GONE, ray_call_error
 from deployments.ingress.calls.replica_watch import ReplicaWatch
 from deployments.ingress.calls.stream_reads import SettledReads
@@ -50,6 +51,9 @@ logger = logging.getLogger("ray.serve")
 # How long past its deadline the ingress waits for the replica to say 504 itself; short,
 # because a replica that died says nothing and the client's deadline has passed already.
 DEADLINE_GRACE_S = 0.5
+# How long a stop note may take to reach its replica and answer; one that does not (no
+# replica, or one too busy to answer) leaves the stream to be cancelled instead.
+STOP_NOTE_TIMEOUT_S = 1.0
 
 
 class GenerationCall:
@@ -64,16 +68,19 @@ class GenerationCall:
         self.timeout_s = timeout_s
         self._watch = watch
         self._reads: SettledReads | None = None
+        # Names this call to its replica in a stop note; the request id may be a client's.
+        self._stop_key = uuid.uuid4().hex
+        self._final_read = False  # the chunk with a finish reason came: the stream ends
 
     async def start(self, job: GenerationJob) -> GenerationChunk:
         """Sends the job and returns its first chunk, or raises the API error it got."""
         if self._watch.down:
             raise _no_replica(self.model)
-        self._reads = SettledReads(
-            self._handle.options(stream=True).generate.remote(
-                self.priority.label, job, self.timeout_s
+        with apart_from_request():  # ended by our stop note, not by Serve's cancel
+            stream = self._handle.options(stream=True).generate.remote(
+                self.priority.label, job, self.timeout_s, self._stop_key
             )
-        )
+        self._reads = SettledReads(stream)
         try:
             first = await self._first_unless_down()
         except TimeoutError:
@@ -85,8 +92,9 @@ class GenerationCall:
             self.cancel()
             raise self._error_of(exc) from None
         if isinstance(first, Rejection):
-            self.cancel()
+            self._reads.stop()  # the replica's stream ends after its refusal
             raise rejection_error(first)
+        self._final_read = first.finish_reason is not None
         return first
 
     async def _first_unless_down(self) -> Any:
@@ -127,6 +135,7 @@ class GenerationCall:
                     chunk = await self._reads.next()
                 except StopAsyncIteration:
                     return
+                self._final_read = chunk.finish_reason is not None
                 yield chunk
         except asyncio.CancelledError:
             raise
@@ -141,8 +150,17 @@ class GenerationCall:
         return _call_error(self.model, self.priority, exc)
 
     def cancel(self) -> None:
+        """Ends the call for a reader that is gone; a no-op once the stream is over."""
         if self._reads is not None:
-            self._reads.cancel()  # a no-op once the stream is over
+            self._reads.stop(None if self._final_read else self._send_stop)
+
+    async def _send_stop(self) -> bool:
+        try:
+            stopping = self._handle.stop_sequence.remote(self._stop_key)
+            return bool(await asyncio.wait_for(stopping, STOP_NOTE_TIMEOUT_S))
+        except Exception as exc:  # the stream is cancelled instead
+            logger.info("could not tell model %s to stop a sequence: %r", self.model, exc)
+            return False
 
 
 class LiveGeneration:
@@ -381,6 +399,21 @@ async def sse(
     finally:
         call.cancel()
         on_end(last)
+
+
+async def started(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """`events` with its first event taken now. A generator that has started runs its
+    `finally` (which ends the call) when it is dropped, through the loop's finaliser;
+    one that never started does not. The response may be dropped before it reads a
+    byte (its client gone as the headers went out), and must still end the call."""
+    first = await anext(events)
+    return _then(first, events)
+
+
+async def _then(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield first
+    async for event in rest:
+        yield event
 
 
 def _no_replica(model: str) -> NotReady:

@@ -1,6 +1,8 @@
 """One generation request inside a replica, whatever the engine: tokenise, check the
 limits, wait for a slot (priority, deadline), run the sequence, stream text deltas, stop
-on a stop sequence, and cancel the sequence the moment its caller goes away.
+on a stop sequence, and cancel the sequence the moment its caller goes away: when the
+ingress's stop note names it (`stop`; the stream then ends as a finished one does), or when
+Serve cancels the call.
 
 No Ray here: the engine is anything with `submit` and `cancel` (`Engine`), so unit tests
 drive this with a fake engine and the deployment plugs in the real ones.
@@ -18,7 +20,7 @@ from typing import Any, Protocol
 from deployments.backends.generation.continuous import EngineDown, EngineOutput, OnOutput
 from deployments.backends.generation.sampling import SamplingParams
 from deployments.backends.generation.text_stream import TextStream
-from deployments.core.batching.sequence_slots import QueueFull, SequenceSlots, SlotTimeout
+from deployments.core.batching.sequence_slots import QueueFull, SequenceSlots, Slot, SlotTimeout
 from deployments.core.metrics.metrics import TributaryMetrics
 from deployments.core.priority import Priority
 from deployments.core.protocol import (
@@ -64,6 +66,27 @@ class Tokenizer(Protocol):
 Event = GenerationChunk | Rejection
 
 
+class _Stopped:
+    """What a stop note puts among a sequence's engine outputs: end the stream here."""
+
+
+STOPPED = _Stopped()
+
+
+class _StopNote:
+    """One run's ear for the ingress's stop note: it may land while the run waits for a
+    slot (`heard`) or while its sequence streams (a `STOPPED` among the outputs)."""
+
+    def __init__(self) -> None:
+        self.heard = asyncio.Event()
+        self.outputs: asyncio.Queue[EngineOutput | _Stopped] | None = None
+
+    def stop(self) -> None:
+        self.heard.set()
+        if self.outputs is not None:
+            self.outputs.put_nowait(STOPPED)
+
+
 class GenerationWorker:
     def __init__(
         self,
@@ -84,17 +107,52 @@ class GenerationWorker:
         self._running = dict.fromkeys(Priority, 0)
         # Called when the last sequence leaves the engine: no step follows.
         self.on_idle: Callable[[], None] | None = None
+        # Runs that a stop note can end, by the key their caller chose.
+        self._notes: dict[str, _StopNote] = {}
         self.counts = {
             "requests": 0,
             "completed": 0,
             "client_gone": 0,
+            "stopped_by_note": 0,
             "timed_out": 0,
             "failed": 0,
             "engine_down": 0,
         }
 
+    def stop(self, stop_key: str) -> bool:
+        """The caller of the run started with `stop_key` has gone: its run ends at once, as
+        a finished one does, and its sequence is cancelled. False if no such run is here
+        (over already, or another replica's)."""
+        note = self._notes.get(stop_key)
+        if note is None:
+            return False
+        note.stop()
+        return True
+
     async def run(
-        self, priority: Priority, job: GenerationJob, time_left_s: float | None
+        self,
+        priority: Priority,
+        job: GenerationJob,
+        time_left_s: float | None,
+        stop_key: str | None = None,
+    ) -> AsyncGenerator[Event, None]:
+        """The job's events. With a `stop_key`, `stop(stop_key)` ends the run early."""
+        if stop_key is None or stop_key in self._notes:
+            note = _StopNote()  # heard by no one: a key in use is not this run's
+        else:
+            note = self._notes[stop_key] = _StopNote()
+        try:
+            async with aclosing(self._run(priority, job, time_left_s, note)) as events:
+                async for event in events:
+                    yield event
+        finally:
+            if stop_key is not None and self._notes.get(stop_key) is note:
+                del self._notes[stop_key]
+            if note.heard.is_set():
+                self.counts["stopped_by_note"] += 1
+
+    async def _run(
+        self, priority: Priority, job: GenerationJob, time_left_s: float | None, note: _StopNote
     ) -> AsyncGenerator[Event, None]:
         arrived = self._clock()
         deadline = None if time_left_s is None else arrived + time_left_s
@@ -128,7 +186,8 @@ class GenerationWorker:
             return
         try:
             self._report_sequences()
-            slot = await self.slots.acquire(priority, len(prompt) + job.max_tokens, deadline)
+            tokens = len(prompt) + job.max_tokens
+            slot = await self._slot_unless_stopped(priority, tokens, deadline, note)
         except QueueFull as full:
             yield Rejection(
                 503 if priority is Priority.REALTIME else 429,
@@ -144,11 +203,13 @@ class GenerationWorker:
             return
         finally:
             self._report_sequences()
+        if slot is None:
+            return  # stopped by its caller while it waited
         self._running[priority] += 1
         try:
             # aclosing: when our caller closes us, the inner stream must run its cleanup
             # (cancel the sequence) now, not whenever it is garbage-collected.
-            stream = self._stream(job, prompt, deadline, time_left_s, priority, arrived)
+            stream = self._stream(job, prompt, deadline, time_left_s, priority, arrived, note)
             async with aclosing(stream) as events:
                 async for event in events:
                     yield event
@@ -158,6 +219,31 @@ class GenerationWorker:
                 self.on_idle()
             self.slots.release(slot)
             self._report_sequences()
+
+    async def _slot_unless_stopped(
+        self, priority: Priority, tokens: int, deadline: float | None, note: _StopNote
+    ) -> Slot | None:
+        """A slot, or None once the stop note is heard first."""
+        if note.heard.is_set():
+            return None
+        free = self.slots.try_acquire(priority, tokens)
+        if free is not None:
+            return free
+        acquiring = asyncio.ensure_future(self.slots.acquire(priority, tokens, deadline))
+        heard = asyncio.ensure_future(note.heard.wait())
+        try:
+            await asyncio.wait({acquiring, heard}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            heard.cancel()
+            if not acquiring.done():
+                acquiring.cancel()  # `acquire` passes on a slot granted meanwhile
+        if acquiring.cancelled() or not acquiring.done():
+            return None
+        slot = acquiring.result()  # raises QueueFull or SlotTimeout as the slots said
+        if note.heard.is_set():
+            self.slots.release(slot)
+            return None
+        return slot
 
     @property
     def running(self) -> int:
@@ -189,8 +275,10 @@ class GenerationWorker:
         time_left_s: float | None,
         priority: Priority,
         arrived: float,
+        note: _StopNote,
     ) -> AsyncGenerator[Event, None]:
-        outputs: asyncio.Queue[EngineOutput] = asyncio.Queue()
+        outputs: asyncio.Queue[EngineOutput | _Stopped] = asyncio.Queue()
+        note.outputs = outputs
         sequence_id = f"{job.request_id}-{uuid.uuid4().hex[:8]}"
         sampling = SamplingParams(job.temperature, job.top_p, job.seed)
         text = TextStream(self.lm.decode, job.stop)
@@ -211,13 +299,16 @@ class GenerationWorker:
                 if not sent_any and deadline is not None:
                     timeout = max(0.0, deadline - self._clock())
                 try:
-                    output = await asyncio.wait_for(outputs.get(), timeout)
+                    item = await asyncio.wait_for(outputs.get(), timeout)
                 except TimeoutError:
                     self.counts["timed_out"] += 1
                     yield _deadline_passed(time_left_s)
                     return
-                while not outputs.empty():  # each output holds every token so far
-                    output = outputs.get_nowait()
+                while not outputs.empty() and item is not STOPPED:
+                    item = outputs.get_nowait()  # each output holds every token so far
+                if isinstance(item, _Stopped):
+                    return  # its caller left: the finally cancels the sequence
+                output = item
                 if output.error is not None:
                     finished = True  # the engine has let go of it already
                     failure = self._failure(output, sent_any)

@@ -7,7 +7,9 @@ and leave the running batch at every step, on the manager's own thread) or, for
 comparison, `@serve.batch` over batched `generate` (`engine: static`). In front of either,
 `SequenceSlots` admits at most `max_num_seqs` sequences and `kv_cache_tokens` tokens,
 realtime first, with ageing and deadlines (generation_worker.py). When the caller goes
-away, Serve cancels the generator and the sequence is cancelled in the engine at once.
+away, the ingress sends a stop note (`stop_sequence`) that ends the generator as if it had
+finished, and the sequence is cancelled in the engine at once; a cancel from Serve does the
+same, at the price of a leak in gRPC (docs/reliability.md), so the ingress avoids it.
 """
 
 from __future__ import annotations
@@ -182,12 +184,24 @@ class Generator:
         return True
 
     async def generate(
-        self, priority: str, job: GenerationJob, time_left_s: float | None
+        self,
+        priority: str,
+        job: GenerationJob,
+        time_left_s: float | None,
+        stop_key: str | None = None,
     ) -> AsyncIterator[Event]:
+        """The job's events; `stop_sequence(stop_key)` ends them early."""
         self._watch()
-        async with aclosing(self.worker.run(Priority.parse(priority), job, time_left_s)) as run:
-            async for event in run:
+        run = self.worker.run(Priority.parse(priority), job, time_left_s, stop_key)
+        async with aclosing(run) as events:
+            async for event in events:
                 yield event
+
+    async def stop_sequence(self, stop_key: str) -> bool:
+        """The ingress's note that the caller of `generate(..., stop_key)` has gone: the
+        stream ends at once, as a finished one does. False if this replica has no such run
+        (it ended, or it runs on another replica)."""
+        return self.worker.stop(stop_key)
 
     def model_config(self) -> dict[str, Any]:
         """What the ingress needs of a version served by an application of its own."""
