@@ -14,6 +14,7 @@ import logging
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 logger = logging.getLogger("ray.serve")
 
@@ -21,17 +22,24 @@ logger = logging.getLogger("ray.serve")
 @contextmanager
 def apart_from_request() -> Iterator[None]:
     """Handle calls made inside are not cancelled when the current request is."""
+    detached = _detach()
+    try:
+        yield
+    finally:
+        if detached is not None:
+            context_var, token = detached
+            context_var.reset(token)
+
+
+def _detach() -> tuple[Any, Any] | None:
+    """Sets a request context of the call's own; returns what resets it, or None when this
+    Ray has no such context (Serve's cancel then stays)."""
     try:
         from ray.serve import context
 
         current = context._get_serve_request_context()
         own = dataclasses.replace(current, _internal_request_id=uuid.uuid4().hex)
-        token = context._serve_request_context.set(own)  # type: ignore[arg-type]
-    except Exception as exc:  # a Ray without this context: Serve's cancel stays
+        return context._serve_request_context, context._serve_request_context.set(own)  # type: ignore[arg-type]
+    except Exception as exc:
         logger.debug("calls stay tied to their request: %r", exc)
-        yield
-        return
-    try:
-        yield
-    finally:
-        context._serve_request_context.reset(token)
+        return None
