@@ -8,7 +8,11 @@ import pytest
 from deployments.core.admission.admission import ClassLimits
 from deployments.core.admission.busy_rate import BusyRate
 from deployments.core.admission.class_queues import ClassQueues, ClassSettings, Refused
-from deployments.core.admission.wait_predictor import COLD_START_WORK_PER_S, WaitPredictor
+from deployments.core.admission.wait_predictor import (
+    COLD_START_WORK_PER_S,
+    Prediction,
+    WaitPredictor,
+)
 from deployments.core.priority import Priority
 from tests.fakes import Clock
 
@@ -219,3 +223,44 @@ async def test_the_prediction_weighs_work_and_the_bounds_count_inputs() -> None:
     assert not ok.done()
     await drain(model, [long, ok])
     assert queues.work_ahead(NORMAL) == 0
+
+
+class BlindPredictor(WaitPredictor):
+    """Learns nothing from answers: what moves admission is the target's aim alone."""
+
+    def observe(self, priority: Priority, prediction: Prediction, measured_s: float) -> None:
+        pass
+
+
+async def test_answers_past_the_target_shrink_the_share_of_it_admission_aims_at() -> None:
+    clock = Clock(100.0)
+    model = Model(clock)
+    predictor = BlindPredictor(BusyRate(clock=clock))
+    predictor.call_took(FLOOR_S)
+    predictor.note_job(work=1, rows=1)
+    predictor.set_capacity(RATE)
+    queues: ClassQueues[list[str], str] = ClassQueues(
+        lambda p: model.send,
+        settings(),
+        size_of=len,
+        max_group_items=10_000,
+        predictor=predictor,
+        clock=clock,
+    )
+    model.gate.clear()
+    before, _ = await fill(queues, NORMAL)
+    model.slowdown = 3.0  # 90 admitted, 89 of them answered past 0.5 s
+    await drain(model, before)
+    model.slowdown = 1.0
+    clock.now += 1.0
+    model.gate.clear()
+    after, refused = await fill(queues, NORMAL)
+    aim = queues.stats()["predicted_wait"]["target_aim"]["normal"]
+    assert aim["cuts"] == 1 and aim["aim"] == pytest.approx(0.7)
+    # the budget is now 0.7 x 0.5 s: floor + n / 200 <= 0.35 (the floor is the fastest
+    # call, 15 ms since the slow round), 66 inputs against 90
+    floor = predictor.floor_s()
+    assert floor is not None and refused is not None
+    assert len(after) == pytest.approx((0.35 - floor) * RATE, abs=1)
+    assert refused.refusal.limit == 350
+    await drain(model, after)

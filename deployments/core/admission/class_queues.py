@@ -8,7 +8,8 @@ Admission checks the fixed bounds (in inputs), then (with `predict_wait`) the pr
 wait: the work (`work_of`, tokens for the encoders: `job_work.py`) admitted and not yet
 answered in the request's class and the classes above it, through the `WaitPredictor`,
 against the class's target or the request's deadline, the shorter. Every admitted
-request's measured latency corrects the predictor.
+request's measured latency corrects the predictor, and how often admitted requests missed
+their class's target sets how much of it admission aims at (`target_aim.py`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, Generic, TypeVar
 
 from deployments.core.admission.admission import Admission, ClassLimits, Refusal, wait_refusal
 from deployments.core.admission.coalescer import Coalescer, DeadlineExpired, Send
+from deployments.core.admission.target_aim import TargetAim
 from deployments.core.admission.throughput import RateMeter
 from deployments.core.admission.wait_predictor import Prediction, WaitPredictor
 from deployments.core.priority import ALL_PRIORITIES, Priority
@@ -62,6 +64,11 @@ class ClassQueues(Generic[Job, Outcome]):
         self._work_of = work_of or size_of
         self._admission = Admission({p: s.limits for p, s in settings.items()})
         self._targets = {p: s.target_s for p, s in settings.items()}
+        # Realtime is never shed (admission.py), and its misses come from the CPU its
+        # requests share, not from a queue a refusal would shorten: it aims at its target.
+        self._aims = {
+            p: TargetAim(clock=clock) for p in ALL_PRIORITIES if p is not Priority.REALTIME
+        }
         self._meter = meter or RateMeter()
         self.predictor = predictor or WaitPredictor()
         self._predict_wait = predict_wait
@@ -142,13 +149,21 @@ class ClassQueues(Generic[Job, Outcome]):
             # An admitted request that ran out of time is the prediction's worst miss.
             if prediction is not None:
                 self.predictor.observe(priority, prediction, self._clock() - admitted)
+                self._count_answer(priority, admitted, since)
             raise
         finally:
             self._open_work[priority] -= work
         self._meter.add(size)
         if prediction is not None:
             self.predictor.observe(priority, prediction, self._clock() - admitted)
+            self._count_answer(priority, admitted, since)
         return outcome
+
+    def _count_answer(self, priority: Priority, admitted: float, since: float | None) -> None:
+        target = self._targets.get(priority)
+        if target is not None and priority in self._aims:
+            arrived = admitted if since is None else since
+            self._aims[priority].answered(self._clock() - arrived, target)
 
     def _predicted(
         self, priority: Priority, work: int, deadline: float | None, since: float | None
@@ -160,7 +175,8 @@ class ClassQueues(Generic[Job, Outcome]):
         if target is not None:
             # The target runs from the request's arrival; parsing it has spent some.
             spent = 0.0 if since is None else max(self._clock() - since, 0.0)
-            budgets.append(target - spent)
+            aim = self._aims[priority].aim if priority in self._aims else 1.0
+            budgets.append(target * aim - spent)
         if deadline is not None:
             budgets.append(deadline - asyncio.get_running_loop().time())
         if not budgets:
@@ -174,7 +190,11 @@ class ClassQueues(Generic[Job, Outcome]):
             classes[priority.label] = {**vars(coalescer.stats), "refused": refused}
         return {
             "items_per_s": round(self._meter.rate(), 1),
-            "predicted_wait": {"enabled": self._predict_wait, **self.predictor.report()},
+            "predicted_wait": {
+                "enabled": self._predict_wait,
+                **self.predictor.report(),
+                "target_aim": {p.label: a.report() for p, a in self._aims.items()},
+            },
             "classes": classes,
         }
 
