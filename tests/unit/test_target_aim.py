@@ -55,8 +55,22 @@ def test_misses_near_the_allowed_share_hold_the_aim() -> None:
     assert aim.aim == pytest.approx(0.7)
 
 
-def test_a_trickle_says_nothing_about_a_p99() -> None:
+def test_a_trickle_is_too_little_to_cut_the_aim() -> None:
     clock = Clock()
     aim = TargetAim(clock=clock)
     second(aim, clock, answers=MIN_ANSWERS - 1, missed=MIN_ANSWERS - 1)
     assert aim.aim == 1.0 and aim.report()["missed_share"] is None
+
+
+def test_a_quiet_spell_after_a_flood_gives_the_aim_back() -> None:
+    clock = Clock()
+    aim = TargetAim(clock=clock)
+    for _ in range(5):
+        second(aim, clock, answers=100, missed=100)
+    assert aim.aim == pytest.approx(AIM_FLOOR)
+    second(aim, clock, answers=3, missed=1)  # a late answer in a trickle: held
+    assert aim.aim == pytest.approx(AIM_FLOOR)
+    clock.now += 9.0  # nine seconds without a late answer
+    assert aim.aim == pytest.approx(AIM_FLOOR + 9 * AIM_STEP)
+    clock.now += 60.0
+    assert aim.aim == 1.0

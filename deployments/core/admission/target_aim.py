@@ -17,8 +17,10 @@ just under where misses start. AIM_FLOOR keeps admission from shutting on a clas
 misses come from somewhere no refusal helps (its own target beaten by a stall of a few
 hundred ms): at the floor the fit and the fixed bounds still decide.
 
-A second with fewer than MIN_ANSWERS answers changes nothing: a trickle says too little
-about a p99, and an idle class keeps the aim it had.
+A second with fewer than MIN_ANSWERS answers says too little about a p99 to cut the aim;
+but a quiet spell without a late answer gives it back, AIM_STEP for each second it lasted,
+or a class cut down in a flood would keep refusing a light load that finds two requests
+ahead of it long after the flood.
 """
 
 from __future__ import annotations
@@ -60,20 +62,26 @@ class TargetAim:
             self._missed += 1
 
     def _close_window(self, now: float) -> None:
-        if now - self._window_start < WINDOW_S:
+        elapsed = now - self._window_start
+        if elapsed < WINDOW_S:
             return
-        if self._answered >= MIN_ANSWERS:
-            share = self._missed / self._answered
-            self.last_miss_share = share
-            if share > ALLOWED_MISS:
-                cut = max(DECREASE_FLOOR, 1.0 - DECREASE_GAIN * (share - ALLOWED_MISS))
-                self._aim = max(AIM_FLOOR, self._aim * cut)
-                self.cuts += 1
-            elif share < ALLOWED_MISS / 2:
-                self._aim = min(1.0, self._aim + AIM_STEP)
+        if self._answered < MIN_ANSWERS:
+            if not self._missed:
+                self._aim = min(1.0, self._aim + AIM_STEP * int(elapsed / WINDOW_S))
+        else:
+            self._judge(self._missed / self._answered)
         self._window_start = now
         self._answered = 0
         self._missed = 0
+
+    def _judge(self, share: float) -> None:
+        self.last_miss_share = share
+        if share > ALLOWED_MISS:
+            cut = max(DECREASE_FLOOR, 1.0 - DECREASE_GAIN * (share - ALLOWED_MISS))
+            self._aim = max(AIM_FLOOR, self._aim * cut)
+            self.cuts += 1
+        elif share < ALLOWED_MISS / 2:
+            self._aim = min(1.0, self._aim + AIM_STEP)
 
     def report(self) -> dict[str, float | int | None]:
         share = self.last_miss_share
