@@ -148,22 +148,27 @@ class ClassQueues(Generic[Job, Outcome]):
         except DeadlineExpired:
             # An admitted request that ran out of time is the prediction's worst miss.
             if prediction is not None:
-                self.predictor.observe(priority, prediction, self._clock() - admitted)
-                self._count_answer(priority, admitted, since)
+                self._learn(priority, prediction, admitted, since)
             raise
         finally:
             self._open_work[priority] -= work
         self._meter.add(size)
         if prediction is not None:
-            self.predictor.observe(priority, prediction, self._clock() - admitted)
-            self._count_answer(priority, admitted, since)
+            self._learn(priority, prediction, admitted, since)
         return outcome
 
-    def _count_answer(self, priority: Priority, admitted: float, since: float | None) -> None:
+    def _learn(
+        self, priority: Priority, prediction: Prediction, admitted: float, since: float | None
+    ) -> None:
+        """After an admitted job's answer (or its deadline's miss): the wait it had teaches
+        the predictor, and the time since its arrival tells the class's aim whether it came
+        within the target."""
+        now = self._clock()
+        self.predictor.observe(priority, prediction, now - admitted)
         target = self._targets.get(priority)
         if target is not None and priority in self._aims:
             arrived = admitted if since is None else since
-            self._aims[priority].answered(self._clock() - arrived, target)
+            self._aims[priority].answered(now - arrived, target)
 
     def _predicted(
         self, priority: Priority, work: int, deadline: float | None, since: float | None
