@@ -24,6 +24,8 @@ from deployments.replicas.batched.embedder import Embedder
 from deployments.replicas.batched.reranker import Reranker
 from deployments.replicas.generation.generator import Generator
 
+STOP_NOTE_ROUTER = "deployments.ingress.calls.stop_note_router:StopNoteRouter"
+
 
 def build_app(args: dict[str, Any]) -> Application:
     config = AppConfig.model_validate(args)
@@ -137,10 +139,16 @@ def _check_source(kind: str, model: Any) -> None:
 
 
 def _generator(name: str, model: GenerationModelConfig) -> Application:
-    # The queue limits are the generator's user_config, changeable without a restart.
+    # The queue limits are the generator's user_config, changeable without a restart. The
+    # router sends a stop note to the replica that runs its generation.
     return (
         _deployment(Generator)
-        .options(name=name, user_config=model.queue.model_dump(), **model.deployment.to_serve())
+        .options(
+            name=name,
+            user_config=model.queue.model_dump(),
+            request_router_config={"request_router_class": STOP_NOTE_ROUTER},
+            **model.deployment.to_serve(),
+        )
         .bind(model.model_dump())
     )
 

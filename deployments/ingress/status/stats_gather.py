@@ -16,6 +16,7 @@ from deployments.ingress.calls.observe import RequestObserver
 from deployments.ingress.rollout.catalog import Catalog
 from deployments.ingress.rollout.versions import Version
 from deployments.ingress.status.stats_view import batching_classes, generation_classes
+from deployments.ingress.tasks.generation import STOP_NOTES
 from deployments.ingress.tasks.shadow import ShadowCopies
 
 # A version whose application went away must not hold up the whole answer.
@@ -73,6 +74,7 @@ async def gather_stats(
             entry["classes"] = batching_classes(observer, name, queues, info)
         else:
             entry["classes"] = generation_classes(observer, name, info)
+            entry["stop_notes"] = STOP_NOTES.of(name)
         per_version.setdefault(name, {})[version.label] = entry
     models: dict[str, Any] = {}
     for name, table in tables.items():

@@ -157,10 +157,31 @@ class GenerationCall:
     async def _send_stop(self) -> bool:
         try:
             stopping = self._handle.stop_sequence.remote(self._stop_key)
-            return bool(await asyncio.wait_for(stopping, STOP_NOTE_TIMEOUT_S))
+            heard = bool(await asyncio.wait_for(stopping, STOP_NOTE_TIMEOUT_S))
         except Exception as exc:  # the stream is cancelled instead
             logger.info("could not tell model %s to stop a sequence: %r", self.model, exc)
-            return False
+            heard = False
+        STOP_NOTES.count(self.model, heard)
+        return heard
+
+
+class StopNoteCounts:
+    """Per model, in this ingress process: the stop notes whose replica ended the run they
+    named (`heard`), and the rest (`not_heard`: the run had just ended on its own, or the
+    note timed out or failed), whose streams were cancelled instead."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, dict[str, int]] = {}
+
+    def count(self, model: str, heard: bool) -> None:
+        counts = self._counts.setdefault(model, {"heard": 0, "not_heard": 0})
+        counts["heard" if heard else "not_heard"] += 1
+
+    def of(self, model: str) -> dict[str, int]:
+        return dict(self._counts.get(model, {"heard": 0, "not_heard": 0}))
+
+
+STOP_NOTES = StopNoteCounts()
 
 
 class LiveGeneration:
