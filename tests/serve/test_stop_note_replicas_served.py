@@ -56,6 +56,17 @@ async def stats(client: httpx.AsyncClient) -> dict:
     return response.json()["models"][MODEL]
 
 
+async def remembered_runs(client: httpx.AsyncClient) -> int:
+    """What the ingress's stop-note router remembers, once the streams left have ended."""
+    for _ in range(100):
+        response = await client.get("/v1/stats", headers=AUTH)
+        runs = int(response.json()["stop_note_runs"])
+        if runs == 0:
+            break
+        await asyncio.sleep(0.1)
+    return runs
+
+
 async def leave_together(url: str) -> dict:
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
         # A run that ended on its own before its note would not be the router's miss.
@@ -67,6 +78,9 @@ async def leave_together(url: str) -> dict:
                 break
             await asyncio.sleep(0.1)
             notes = (await stats(client))["stop_notes"]
+        # Every call completed, so nothing is left remembered: the router's memory is that
+        # of the generations in flight.
+        assert await remembered_runs(client) == 0
         return notes
 
 

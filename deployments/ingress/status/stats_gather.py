@@ -13,6 +13,7 @@ from deployments.core.admission.held_requests import HeldRequests
 from deployments.ingress.access.gate import AccessGate
 from deployments.ingress.cache.item_cache import ItemCaches
 from deployments.ingress.calls.observe import RequestObserver
+from deployments.ingress.calls.stop_note_router import RUNS
 from deployments.ingress.rollout.catalog import Catalog
 from deployments.ingress.rollout.versions import Version
 from deployments.ingress.status.stats_view import batching_classes, generation_classes
@@ -49,6 +50,8 @@ class Stats:
             **stats,
             "access_denied": self._gate.denied(),
             "held_requests": self._held.report(),
+            # Generations in flight whose replica the stop-note router remembers.
+            "stop_note_runs": len(RUNS),
             # Per route family and X-Priority: the share HAProxy is told to refuse.
             "front_door_shares": (
                 None if self._front_shedding is None else self._front_shedding.shares()
