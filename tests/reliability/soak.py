@@ -11,6 +11,9 @@ minute in a run of 5 minutes or less), and each fault recovered within 10 s. The
 go to bench/results/soak-YYYYmmdd-HHMMSS.json; the exit status says whether the goals held.
 
     SOAK_MINUTES=3 python -m tests.reliability.soak
+
+SOAK_CONFIG names another serve config of the same shape (e.g. a copy of serve_config.yaml
+with two replicas of the generation model) to soak in place of the default app.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 import httpx
 
 from bench.loadgen import embedding_bodies, run_closed_loop
-from bench.server import Server, descendants, load_config, running_server
+from bench.server import ROOT, Server, descendants, load_config, running_server
 from bench.texts import sentences
 from tests.reliability.procs import cmdline, rss_mib
 from tests.reliability.replica_kill import KillRun
@@ -48,6 +51,7 @@ MINUTE_S = 60.0
 RSS_GROWTH_MIB = 20
 RSS_FROM_MINUTE = 5
 RECOVERY_S = 10
+DEFAULT_CONFIG = ROOT / "serve_config.yaml"
 
 
 def rerank_body(model: str, k: int) -> bytes:
@@ -220,7 +224,7 @@ def main() -> int:
         redis = Redis(workdir)
         redis.start()
         try:
-            config = load_config()
+            config = load_config(Path(os.environ.get("SOAK_CONFIG") or DEFAULT_CONFIG))
             config["applications"][0]["args"]["ingress"]["admission"]["predict_wait"] = True
             config["applications"][0]["args"]["cache"] = {
                 "enabled": True,
