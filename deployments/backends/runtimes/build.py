@@ -19,6 +19,7 @@ import copy as _copy
 import fcntl
 import hashlib
 import importlib.util
+import os
 import shutil
 import tempfile
 import threading
@@ -166,6 +167,13 @@ class TorchForward:
 # mix, 594 shapes in 1,500 passes, the mean pass took 7 % longer than with the unbounded
 # cache, where none at all took 1.6x (bench/openvino_shapes.py, docs/backends.md).
 SHAPE_CACHE_ENTRIES = 64
+# Beneath it, the plugin's oneDNN keeps every kernel it built in a cache of its own, 1,024 by
+# default, whatever the capacity above: after a replica's memory probe, 1,500 passes of
+# serving-like shapes grew the process +289 MiB with it and +76 with 64, the mean pass no
+# slower (docs/benchmarks.md, "oneDNN's kernel cache"). oneDNN reads the variable when its
+# cache is first made, so it is set before the first compile; one set by the user stands.
+ONEDNN_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+ONEDNN_KERNELS = 64
 
 
 def openvino_forward(
@@ -177,6 +185,7 @@ def openvino_forward(
 ) -> OpenVinoForward:
     """`shape_cache`: the input shapes whose builds the plugin keeps; None leaves the
     plugin's own default (bench/openvino_shapes.py compares them)."""
+    os.environ.setdefault(ONEDNN_CACHE_VARIABLE, str(ONEDNN_KERNELS))
     import openvino as ov
 
     core = ov.Core()
