@@ -18,7 +18,8 @@ ReadinessCheck = Callable[[], Awaitable[str | None]]
 class Health:
     def __init__(self, catalog: Catalog, readiness: ReadinessCheck | None = None) -> None:
         self._catalog = catalog
-        self._readiness = readiness or serve_readiness
+        seen_whole: set[str] = set()  # deployments seen with every replica running
+        self._readiness = readiness or (lambda: serve_readiness(seen_whole))
 
     async def check(self) -> None:
         """Returns when every deployment can serve; raises `NotReady` saying why not."""

@@ -4,7 +4,11 @@ Ready means every deployment of every application has at least one running repli
 (a model replica only runs once it has loaded and warmed up) and none is failing.
 A deployment that is scaling up or down, or rolling out an update, with replicas
 already running, still serves: with autoscaling on, answering 503 then would make a
-load balancer drop a healthy server whenever load changed.
+load balancer drop a healthy server whenever load changed. So does one that has had all
+its replicas running once and lost one since (Serve says UNHEALTHY until the replacement
+runs): the others serve, a generation model's standby among them, and a 503 would make a
+load balancer drop the node for the ~10 s a replacement takes. Until a deployment has
+been seen whole, every replica it starts must be running.
 
 Serve's status changes only after its health-check period (seconds), so a generation
 replica is also asked directly whether its engine runs (`engine_alive`).
@@ -26,28 +30,34 @@ SERVING_STATUSES = frozenset({"HEALTHY", "UPSCALING", "DOWNSCALING", "UPDATING"}
 ENGINE_CHECK_TIMEOUT_S = 1.0
 
 
-def readiness_problem(deployments: Mapping[str, Any]) -> str | None:
+def readiness_problem(
+    deployments: Mapping[str, Any], seen_whole: set[str] | None = None
+) -> str | None:
     """`deployments`: "app/name" -> an object with `status` and `replica_states`
-    (Serve's DeploymentStatusOverview). None when all can serve, else why not."""
+    (Serve's DeploymentStatusOverview). None when all can serve, else why not.
+    `seen_whole`: the deployments seen with every replica running; this adds to it."""
+    seen = set() if seen_whole is None else seen_whole
     for name, deployment in deployments.items():
         status = str(getattr(deployment.status, "value", deployment.status))
         running = deployment.replica_states.get("RUNNING", 0)
-        if status not in SERVING_STATUSES:
+        lost_one = status == "UNHEALTHY" and name in seen
+        if status not in SERVING_STATUSES and not lost_one:
             return f"Deployment {name} is {status}."
         if not running:
             return f"Deployment {name} has no running replica yet ({status})."
-        if status == "HEALTHY":
-            starting = {
-                state: count
-                for state, count in deployment.replica_states.items()
-                if state != "RUNNING" and count
-            }
-            if starting:
-                return f"Deployment {name} has replicas {starting}."
+        starting = {
+            state: count
+            for state, count in deployment.replica_states.items()
+            if state != "RUNNING" and count
+        }
+        if status == "HEALTHY" and not starting:
+            seen.add(name)
+        elif status == "HEALTHY" and name not in seen:
+            return f"Deployment {name} has replicas {starting}."
     return None
 
 
-async def serve_readiness() -> str | None:
+async def serve_readiness(seen_whole: set[str] | None = None) -> str | None:
     from ray import serve
 
     try:
@@ -60,7 +70,8 @@ async def serve_readiness() -> str | None:
             f"{app_name}/{name}": deployment
             for app_name, app in status.applications.items()
             for name, deployment in app.deployments.items()
-        }
+        },
+        seen_whole,
     )
 
 
