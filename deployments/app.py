@@ -24,7 +24,7 @@ from deployments.replicas.batched.embedder import Embedder
 from deployments.replicas.batched.reranker import Reranker
 from deployments.replicas.generation.generator import Generator
 
-STOP_NOTE_ROUTER = "deployments.ingress.calls.stop_note_router:StopNoteRouter"
+GENERATION_ROUTER = "deployments.ingress.calls.generation_router:GenerationRouter"
 
 
 def build_app(args: dict[str, Any]) -> Application:
@@ -140,14 +140,20 @@ def _check_source(kind: str, model: Any) -> None:
 
 def _generator(name: str, model: GenerationModelConfig) -> Application:
     # The queue limits are the generator's user_config, changeable without a restart. The
-    # router sends a stop note to the replica that runs its generation.
+    # router sends a stop note to the replica that runs its generation, and keeps the
+    # standby replicas out of the calls while enough others are up.
+    options = model.deployment.to_serve()
+    router: dict[str, Any] = {"request_router_class": GENERATION_ROUTER}
+    if model.standby_replicas:
+        options["num_replicas"] = model.serving_replicas + model.standby_replicas
+        router["request_router_kwargs"] = {"serving_replicas": model.serving_replicas}
     return (
         _deployment(Generator)
         .options(
             name=name,
             user_config=model.queue.model_dump(),
-            request_router_config={"request_router_class": STOP_NOTE_ROUTER},
-            **model.deployment.to_serve(),
+            request_router_config=router,
+            **options,
         )
         .bind(model.model_dump())
     )

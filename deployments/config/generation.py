@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from deployments.config.base import ModelDeploymentConfig
 from deployments.config.output_neutral import OutputNeutral
@@ -90,3 +90,22 @@ class GenerationModelConfig(ModelDeploymentConfig):
     )
     max_stop_sequences: OutputNeutral[int] = Field(4, ge=0)
     queue: OutputNeutral[GenerationQueue] = GenerationQueue()
+    standby_replicas: OutputNeutral[int] = Field(
+        0,
+        ge=0,
+        description="Replicas started beside `deployment.num_replicas` that take no calls "
+        "while those serve: when one dies, calls go to a standby at once instead of "
+        "waiting for Serve to start a replacement (imports and weights: ~8-14 s for the "
+        "demo model on 2 cores). Each holds its own weights and KV cache.",
+    )
+
+    @model_validator(mode="after")
+    def _standby_needs_a_fixed_count(self) -> GenerationModelConfig:
+        if self.standby_replicas and self.deployment.autoscaling_config is not None:
+            raise ValueError("standby_replicas needs a fixed deployment.num_replicas")
+        return self
+
+    @property
+    def serving_replicas(self) -> int:
+        """The replicas that take calls; `standby_replicas` more are started."""
+        return self.deployment.num_replicas or 1

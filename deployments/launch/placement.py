@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from deployments.config import AppConfig, ModelDeploymentConfig
+from deployments.config import AppConfig, GenerationModelConfig, ModelDeploymentConfig
 from deployments.config.serve_options import DeploymentOptions
 from deployments.config.traffic import ModelAppConfig
 from deployments.launch.start_watch import Verdict
@@ -56,7 +56,8 @@ class Demand:
         return self.replicas * self.each.get(resource, 0.0)
 
 
-def demand_of(label: str, options: DeploymentOptions) -> Demand:
+def demand_of(label: str, options: DeploymentOptions, standby: int = 0) -> Demand:
+    """`standby`: a generation model's `standby_replicas`, started beside its count."""
     actor = options.ray_actor_options
     each = {"CPU": actor.num_cpus, "GPU": actor.num_gpus, "memory": float(actor.memory or 0)}
     scaling = options.autoscaling_config
@@ -66,7 +67,12 @@ def demand_of(label: str, options: DeploymentOptions) -> Demand:
         replicas = (
             scaling.min_replicas if scaling.initial_replicas is None else scaling.initial_replicas
         )
-    return Demand(label, replicas, each)
+    return Demand(label, replicas + standby, each)
+
+
+def _model_demand(label: str, model: ModelDeploymentConfig) -> Demand:
+    standby = model.standby_replicas if isinstance(model, GenerationModelConfig) else 0
+    return demand_of(label, model.deployment, standby)
 
 
 def _model_label(kind: str, model: ModelDeploymentConfig) -> str:
@@ -91,7 +97,7 @@ def application_demands(application: Mapping[str, Any]) -> list[Demand] | None:
                 ("generation", one.generation_model),
             ]
             return [
-                demand_of(f"{app}: {_model_label(kind, model)}", model.deployment)
+                _model_demand(f"{app}: {_model_label(kind, model)}", model)
                 for kind, model in models
                 if model is not None
             ]
@@ -104,7 +110,7 @@ def application_demands(application: Mapping[str, Any]) -> list[Demand] | None:
         ("rerank", config.rerank_models),
         ("generation", config.generation_models),
     ):
-        demands += [demand_of(f"{app}: {_model_label(kind, m)}", m.deployment) for m in listed]
+        demands += [_model_demand(f"{app}: {_model_label(kind, m)}", m) for m in listed]
     return demands
 
 

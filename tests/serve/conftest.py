@@ -62,6 +62,10 @@ def serve_test_config(cross_encoder_dir: Path | None = None) -> dict:
         args["rerank_models"].append(cross)
     # The static engine inside Serve too (@serve.batch streaming over batched generate):
     # the same demo weights, no CPU claimed (idle but for its own tests), one thread.
+    # No standby replicas: seven models share two cores here; the reliability suite kills
+    # the shipped app's serving replica and watches its standby take over.
+    for generator in args["generation_models"]:
+        generator["standby_replicas"] = 0
     static = copy.deepcopy(args["generation_models"][0])
     static.update(name=STATIC_LLM, engine="static", max_num_seqs=8, torch_threads=1)
     static["deployment"]["ray_actor_options"]["num_cpus"] = 0

@@ -25,6 +25,7 @@ def two_generation_replicas() -> dict:
     args["rerank_models"] = []
     (model,) = [m for m in args["generation_models"] if m["name"] == MODEL]
     model["deployment"]["num_replicas"] = 2
+    model["standby_replicas"] = 0  # both serve: the notes must find theirs
     args["generation_models"] = [model]
     return config
 

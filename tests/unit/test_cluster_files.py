@@ -51,6 +51,7 @@ def without_resources(config: dict[str, Any]) -> list[dict[str, Any]]:
     for app in apps:
         for owner in [app["args"]["ingress"], *model_entries(app)]:
             owner.pop("dtype", None)
+            owner.pop("standby_replicas", None)  # a fixed count's; autoscaling has none
             for key in RESOURCE_KEYS:
                 owner["deployment"].pop(key, None)
     return apps

@@ -59,7 +59,7 @@ MODEL_CLASSES: tuple[type[BaseModel], ...] = (
 
 # Settings added since, that change how a model is run and never what it returns: out of
 # the key too, so every key of an older config stays the same bytes.
-NEUTRAL_SINCE = frozenset({"device_turns", "device_arbiter", "realtime_lane"})
+NEUTRAL_SINCE = frozenset({"device_turns", "device_arbiter", "realtime_lane", "standby_replicas"})
 
 
 def marked(model: type[BaseModel]) -> set[str]:

@@ -5,28 +5,17 @@ model (ingress/tasks/generation.py). Serve routes each handle call on its own, s
 or more replicas the note went to any of them: to the wrong one half the time with two,
 which answered that it had no such run, and the ingress then cancelled the stream instead
 (a cancelled call leaks in gRPC, calls/stream_reads.py) while the sequence ran on to its
-`max_tokens`. This router is set on every generation deployment (app.py). In the calling
-process it remembers which replica accepted each `generate` call, by the call's stop key,
-and sends that key's note there; every other call goes to the less busy of two replicas
-picked at random, preferring the caller's node, as Serve's default router does.
-
-Each routing task here is matched to its own request (no FIFO mixin): with FIFO matching, a
-replica chosen for a note could be handed to an older request in the queue instead.
+`max_tokens`. The generation router (generation_router.py) remembers here, in the calling
+process, which replica accepted each `generate` call, by the call's stop key, and sends
+that key's note there.
 """
 
 from __future__ import annotations
 
-import random
 from collections import OrderedDict
 from typing import Any
 
-from ray.serve.request_router import (
-    LocalityMixin,
-    PendingRequest,
-    ReplicaID,
-    RequestRouter,
-    RunningReplica,
-)
+from ray.serve.request_router import PendingRequest, ReplicaID, RunningReplica
 
 GENERATE = "generate"
 STOP_SEQUENCE = "stop_sequence"
@@ -43,7 +32,8 @@ class RunsByStopKey:
     def __init__(self, limit: int = REMEMBERED_RUNS) -> None:
         self._limit = limit
         self._replicas: OrderedDict[str, ReplicaID] = OrderedDict()
-        self._keys: dict[str, str] = {}  # Serve's internal request id -> stop key
+        # Serve's internal request id -> stop key, oldest first
+        self._keys: OrderedDict[str, str] = OrderedDict()
 
     def ran(self, stop_key: str, replica_id: ReplicaID, request_id: str) -> None:
         self._replicas[stop_key] = replica_id
@@ -51,9 +41,8 @@ class RunsByStopKey:
         self._keys[request_id] = stop_key
         while len(self._replicas) > self._limit:
             self._replicas.popitem(last=False)
-        if len(self._keys) > self._limit:  # ids of calls whose completion never came
-            for request_id in list(self._keys)[: len(self._keys) - self._limit]:
-                del self._keys[request_id]
+        while len(self._keys) > self._limit:  # ids of calls whose completion never came
+            self._keys.popitem(last=False)
 
     def replica_of(self, stop_key: str) -> ReplicaID | None:
         return self._replicas.get(stop_key)
@@ -92,31 +81,3 @@ def replica_for_note(
     if runs_on is None:
         return None
     return next((r for r in candidates if r.replica_id == runs_on), None)
-
-
-class StopNoteRouter(LocalityMixin, RequestRouter):
-    async def choose_replicas(
-        self,
-        candidate_replicas: list[RunningReplica],
-        pending_request: PendingRequest | None = None,
-    ) -> list[list[RunningReplica]]:
-        there = replica_for_note(candidate_replicas, pending_request, RUNS)
-        if there is not None:
-            return [[there]]
-        near = list(self.apply_locality_routing(pending_request=pending_request))
-        if not near:
-            return []
-        picked = random.sample(near, min(2, len(near)))
-        return [[self.curr_replicas[replica_id] for replica_id in picked]]
-
-    def on_request_routed(
-        self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
-    ) -> None:
-        super().on_request_routed(pending_request, replica_id, result)
-        key = stop_key_of(pending_request, GENERATE)
-        if key is not None:
-            RUNS.ran(key, replica_id, pending_request.metadata.internal_request_id)
-
-    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        super().on_request_completed(replica_id, internal_request_id)
-        RUNS.ended(internal_request_id)

@@ -13,6 +13,7 @@ from deployments.core.admission.held_requests import HeldRequests
 from deployments.ingress.access.gate import AccessGate
 from deployments.ingress.cache.item_cache import ItemCaches
 from deployments.ingress.calls.observe import RequestObserver
+from deployments.ingress.calls.standby import STANDBY_COUNTS
 from deployments.ingress.calls.stop_note_router import RUNS
 from deployments.ingress.rollout.catalog import Catalog
 from deployments.ingress.rollout.versions import Version
@@ -78,6 +79,8 @@ async def gather_stats(
         else:
             entry["classes"] = generation_classes(observer, name, info)
             entry["stop_notes"] = STOP_NOTES.of(name)
+            # Replicas serving and standing by, as this process's router last saw them.
+            entry["replicas"] = STANDBY_COUNTS.of(getattr(version.handle, "deployment_name", ""))
         per_version.setdefault(name, {})[version.label] = entry
     models: dict[str, Any] = {}
     for name, table in tables.items():

@@ -1,0 +1,70 @@
+"""Serve's request router for every generation deployment (set in app.py).
+
+Two jobs beyond Serve's default choice (the less busy of two random replicas, preferring
+the caller's node): a stop note goes to the replica that runs the generation it names
+(stop_note_router.py), and the standby replicas take no calls while enough others are up
+(standby.py).
+
+Each routing task here is matched to its own request (no FIFO mixin): with FIFO matching, a
+replica chosen for a note could be handed to an older request in the queue instead.
+
+Serve pickles this module by value into every router it makes (RequestRouterConfig), so
+a module-level object named here would be copied into each router: a run remembered by
+the stream's router would be unknown to the note's, and /v1/stats would read yet another
+copy. The shared records are reached through their modules, which pickle by reference.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from ray.serve.request_router import (
+    LocalityMixin,
+    PendingRequest,
+    ReplicaID,
+    RequestRouter,
+    RunningReplica,
+)
+
+from deployments.ingress.calls import standby, stop_note_router
+
+
+class GenerationRouter(LocalityMixin, RequestRouter):
+    def initialize_state(self, serving_replicas: int | None = None, **_: Any) -> None:
+        self._serving_replicas = serving_replicas
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        there = stop_note_router.replica_for_note(
+            candidate_replicas, pending_request, stop_note_router.RUNS
+        )
+        if there is not None:
+            return [[there]]
+        roles = standby.replica_roles(candidate_replicas, getattr(self, "_serving_replicas", None))
+        standby.STANDBY_COUNTS.saw(self._deployment_id.name, roles)
+        serving = {replica.replica_id for replica in roles.serving}
+        near = [
+            replica_id
+            for replica_id in self.apply_locality_routing(pending_request=pending_request)
+            if replica_id in serving
+        ] or list(serving)
+        if not near:
+            return []
+        picked = random.sample(near, min(2, len(near)))
+        return [[self.curr_replicas[replica_id] for replica_id in picked]]
+
+    def on_request_routed(
+        self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
+    ) -> None:
+        super().on_request_routed(pending_request, replica_id, result)
+        key = stop_note_router.stop_key_of(pending_request, stop_note_router.GENERATE)
+        if key is not None:
+            stop_note_router.RUNS.ran(key, replica_id, pending_request.metadata.internal_request_id)
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        super().on_request_completed(replica_id, internal_request_id)
+        stop_note_router.RUNS.ended(internal_request_id)
