@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 
 from bench.loadgen import embedding_bodies, run_closed_loop
-from bench.server import ROOT, Server, descendants, load_config, running_server
+from bench.server import Server, descendants, load_config, running_server
 from bench.texts import sentences
 from tests.reliability.procs import cmdline, rss_mib
 from tests.reliability.replica_kill import KillRun
@@ -51,7 +51,6 @@ MINUTE_S = 60.0
 RSS_GROWTH_MIB = 20
 RSS_FROM_MINUTE = 5
 RECOVERY_S = 10
-DEFAULT_CONFIG = ROOT / "serve_config.yaml"
 
 
 def rerank_body(model: str, k: int) -> bytes:
@@ -224,7 +223,8 @@ def main() -> int:
         redis = Redis(workdir)
         redis.start()
         try:
-            config = load_config(Path(os.environ.get("SOAK_CONFIG") or DEFAULT_CONFIG))
+            other = os.environ.get("SOAK_CONFIG")
+            config = load_config(Path(other)) if other else load_config()
             config["applications"][0]["args"]["ingress"]["admission"]["predict_wait"] = True
             config["applications"][0]["args"]["cache"] = {
                 "enabled": True,
