@@ -53,6 +53,7 @@ HEALTH_TURNS_WITHIN_S = 3
 # at rest, docs/reliability.md); the bound leaves room for a busy machine.
 STANDBY_TAKES_OVER_S = 3
 STANDBY_BACK_WITHIN_S = 90  # Serve's replacement up, standing by in its turn
+STANDING_BY = {"serving": 1, "standing_by": 1}
 
 
 async def serving_replica(server: Server, model: str) -> int:
@@ -65,7 +66,16 @@ async def serving_replica(server: Server, model: str) -> int:
 
 def replica_roles(server: Server, model: str) -> dict[str, int]:
     stats = httpx.get(f"{server.url}/v1/stats", timeout=10).json()
-    return stats["models"][model]["replicas"] or {}
+    return stats["models"][model].get("replicas") or {}
+
+
+async def until_one_stands_by(server: Server, model: str, within_s: float) -> None:
+    """Waits until `model` has one replica serving and one standing by (the shipped
+    config's): /healthz is 200 as soon as one replica runs, the standby may still start."""
+    deadline = time.monotonic() + within_s
+    while (roles := await asyncio.to_thread(replica_roles, server, model)) != STANDING_BY:
+        assert time.monotonic() < deadline, f"{model}'s replicas after {within_s} s: {roles}"
+        await asyncio.sleep(0.5)
 
 
 def model_replica_pids(server: Server, model: str) -> list[int]:
@@ -148,11 +158,8 @@ async def test_a_killed_serving_replica_hands_its_calls_to_the_standby(
     server: Server, models: dict[str, list[str]]
 ) -> None:
     llm = models["generation"][0]
+    await until_one_stands_by(server, llm, STANDBY_BACK_WITHIN_S)
     pid = await serving_replica(server, llm)
-    assert await asyncio.to_thread(replica_roles, server, llm) == {
-        "serving": 1,
-        "standing_by": 1,
-    }, "the shipped config's generation model should have one replica standing by"
     run = await kill_under_load(server, llm, [pid])
     new_pid = await asyncio.to_thread(replica_pid, server.url, llm)
     record_kill("replica_kill_standby", llm, [pid], new_pid, run)
@@ -170,7 +177,7 @@ async def test_a_killed_serving_replica_hands_its_calls_to_the_standby(
         if t - run.killed_at > STANDBY_TAKES_OVER_S and status != 200
     ]
     deadline = time.monotonic() + STANDBY_BACK_WITHIN_S
-    while await asyncio.to_thread(replica_roles, server, llm) != {"serving": 1, "standing_by": 1}:
+    while await asyncio.to_thread(replica_roles, server, llm) != STANDING_BY:
         assert time.monotonic() < deadline, "Serve's replacement never came to stand by"
         health = await asyncio.to_thread(httpx.get, f"{server.url}/healthz", timeout=5)
         if health.status_code != 200:
@@ -186,6 +193,7 @@ async def test_killed_replicas_refuse_fast_and_recover(
     """Every replica of the model at once (both, with the shipped standby): nothing left
     to hand over to, so requests are refused with 503 until Serve's replacements are up."""
     llm = models["generation"][0]
+    await until_one_stands_by(server, llm, STANDBY_BACK_WITHIN_S)
     pid = await serving_replica(server, llm)
     pids = await asyncio.to_thread(model_replica_pids, server, llm)
     assert pid in pids, (pid, pids)

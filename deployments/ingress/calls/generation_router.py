@@ -8,10 +8,10 @@ the caller's node): a stop note goes to the replica that runs the generation it 
 Each routing task here is matched to its own request (no FIFO mixin): with FIFO matching, a
 replica chosen for a note could be handed to an older request in the queue instead.
 
-Serve pickles this module by value into every router it makes (RequestRouterConfig), so
-a module-level object named here would be copied into each router: a run remembered by
-the stream's router would be unknown to the note's, and /v1/stats would read yet another
-copy. The shared records are reached through their modules, which pickle by reference.
+Serve pickles this module by value (RequestRouterConfig), so in the ingress the routers'
+class sees a copy of the names this module holds, not the module itself: a record named
+here would be filled in the copy while /v1/stats reads the module's own, never written.
+The shared records are reached through their modules, which pickle by reference.
 """
 
 from __future__ import annotations
