@@ -144,9 +144,10 @@ def _generator(name: str, model: GenerationModelConfig) -> Application:
     # standby replicas out of the calls while enough others are up.
     options = model.deployment.to_serve()
     router: dict[str, Any] = {"request_router_class": GENERATION_ROUTER}
-    if model.standby_replicas:
-        options["num_replicas"] = model.serving_replicas + model.standby_replicas
-        router["request_router_kwargs"] = {"serving_replicas": model.serving_replicas}
+    if model.standby_replicas:  # a fixed count (config/generation.py): to_serve set it
+        serving = options["num_replicas"]
+        options["num_replicas"] = serving + model.standby_replicas
+        router["request_router_kwargs"] = {"serving_replicas": serving}
     return (
         _deployment(Generator)
         .options(

@@ -104,8 +104,3 @@ class GenerationModelConfig(ModelDeploymentConfig):
         if self.standby_replicas and self.deployment.autoscaling_config is not None:
             raise ValueError("standby_replicas needs a fixed deployment.num_replicas")
         return self
-
-    @property
-    def serving_replicas(self) -> int:
-        """The replicas that take calls; `standby_replicas` more are started."""
-        return self.deployment.num_replicas or 1

@@ -64,7 +64,7 @@ async def serving_replica(server: Server, model: str) -> int:
     return pid
 
 
-def replica_roles(server: Server, model: str) -> dict[str, int]:
+def roles_in_stats(server: Server, model: str) -> dict[str, int]:
     stats = httpx.get(f"{server.url}/v1/stats", timeout=10).json()
     return stats["models"][model].get("replicas") or {}
 
@@ -73,7 +73,7 @@ async def until_one_stands_by(server: Server, model: str, within_s: float) -> No
     """Waits until `model` has one replica serving and one standing by (the shipped
     config's): /healthz is 200 as soon as one replica runs, the standby may still start."""
     deadline = time.monotonic() + within_s
-    while (roles := await asyncio.to_thread(replica_roles, server, model)) != STANDING_BY:
+    while (roles := await asyncio.to_thread(roles_in_stats, server, model)) != STANDING_BY:
         assert time.monotonic() < deadline, f"{model}'s replicas after {within_s} s: {roles}"
         await asyncio.sleep(0.5)
 
@@ -177,7 +177,7 @@ async def test_a_killed_serving_replica_hands_its_calls_to_the_standby(
         if t - run.killed_at > STANDBY_TAKES_OVER_S and status != 200
     ]
     deadline = time.monotonic() + STANDBY_BACK_WITHIN_S
-    while await asyncio.to_thread(replica_roles, server, llm) != STANDING_BY:
+    while await asyncio.to_thread(roles_in_stats, server, llm) != STANDING_BY:
         assert time.monotonic() < deadline, "Serve's replacement never came to stand by"
         health = await asyncio.to_thread(httpx.get, f"{server.url}/healthz", timeout=5)
         if health.status_code != 200:

@@ -31,6 +31,8 @@ from deployments.ingress.calls import standby, stop_note_router
 
 
 class GenerationRouter(LocalityMixin, RequestRouter):
+    _serving_replicas: int | None = None  # None: every replica serves
+
     def initialize_state(self, serving_replicas: int | None = None, **_: Any) -> None:
         self._serving_replicas = serving_replicas
 
@@ -44,14 +46,12 @@ class GenerationRouter(LocalityMixin, RequestRouter):
         )
         if there is not None:
             return [[there]]
-        roles = standby.replica_roles(candidate_replicas, getattr(self, "_serving_replicas", None))
+        roles = standby.replica_roles(candidate_replicas, self._serving_replicas)
         standby.STANDBY_COUNTS.saw(self._deployment_id.name, roles)
-        serving = {replica.replica_id for replica in roles.serving}
-        near = [
-            replica_id
-            for replica_id in self.apply_locality_routing(pending_request=pending_request)
-            if replica_id in serving
-        ] or list(serving)
+        near = list(self.apply_locality_routing(pending_request=pending_request))
+        if roles.standing_by:
+            serving = {replica.replica_id for replica in roles.serving}
+            near = [replica_id for replica_id in near if replica_id in serving] or list(serving)
         if not near:
             return []
         picked = random.sample(near, min(2, len(near)))
