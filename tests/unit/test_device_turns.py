@@ -9,6 +9,8 @@ import math
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -18,7 +20,12 @@ import pytest
 from deployments.core.device_turns.order import Waiter, next_waiter
 from deployments.core.device_turns.pause import Signal, send_signal
 from deployments.core.device_turns.table import HOLDING, TurnTable
-from deployments.core.device_turns.turns import DeviceTurns, TurnSettings
+from deployments.core.device_turns.turns import (
+    STOPPED_HOLDER_S,
+    DeviceTurns,
+    TurnSettings,
+    pid_stopped,
+)
 
 REALTIME, NORMAL, BATCH = 0, 1, 2
 
@@ -268,6 +275,62 @@ def test_a_hung_holder_loses_its_turn_after_max_hold_s(tmp_path: Path, clock: Cl
     a.release(hung)  # late: it takes nothing from the new holder
     with b.table.locked() as table:
         assert table.slot(turn.slot).state == HOLDING
+
+
+def test_a_holder_stopped_by_another_than_the_arbiter_loses_its_turn_within_a_second(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """A replica frozen mid-pass (SIGSTOP, a debugger) keeps the others waiting no longer
+    than STOPPED_HOLDER_S, not max_hold_s; one the arbiter stopped for a realtime pass
+    keeps its turn (its stopper continues it)."""
+    stopped: set[int] = set()
+    pids = [101, 102]
+    signals: list[tuple[int, int]] = []
+    a, b = replicas(
+        tmp_path,
+        clock,
+        TurnSettings(),
+        TurnSettings(),
+        pids=pids,
+        signal_to=lambda pid, sig: signals.append((pid, sig)),
+    )
+    for turns, pid in ((a, 101), (b, 102)):
+        pose_as(turns, pid)
+        turns._stopped = lambda pid: pid in stopped
+    frozen, _ = a.try_acquire(BATCH)
+    turn, _ = b.try_acquire(NORMAL)
+    stopped.add(101)
+    clock.now += STOPPED_HOLDER_S * 0.8
+    assert not b._granted_yet(turn)  # a moment's stop: the pass may go on
+    with a.table.locked() as table:  # the arbiter's own stop, shorter than MAX_PAUSE_S
+        slot = table.slot(frozen.slot)
+        slot.paused_by, slot.paused_at = 102, clock.now
+        table.write(frozen.slot, slot)
+    clock.now += STOPPED_HOLDER_S * 0.4
+    assert not b._granted_yet(turn)
+    assert signals == []
+    with a.table.locked() as table:
+        slot = table.slot(frozen.slot)
+        slot.paused_by = 0
+        table.write(frozen.slot, slot)
+    assert b._granted_yet(turn)
+    assert b.counts.taken_back == 1
+
+
+def test_a_process_stopped_by_a_signal_reads_as_stopped() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert not pid_stopped(child.pid)
+        os.kill(child.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while not pid_stopped(child.pid):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(child.pid, signal.SIGCONT)
+    finally:
+        child.kill()
+        child.wait()
+    assert not pid_stopped(child.pid)  # gone
 
 
 def test_withdrawing_a_granted_turn_passes_it_on(tmp_path: Path, clock: Clock) -> None:

@@ -74,6 +74,24 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def pid_stopped(pid: int) -> bool:
+    """Whether `pid` is stopped by a signal or a tracer (state T or t in /proc); False
+    where it cannot be read (gone, or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return bool(fields) and fields[0] in (b"T", b"t")
+
+
+# A holder that has held its turn this long and is found stopped, by no stop of the
+# arbiter's own (pause.py), loses it: a process frozen mid-pass (SIGSTOP, a debugger)
+# would otherwise keep every model on the device waiting for `max_hold_s` (30 s). Losing a
+# turn costs only the device's exclusivity, so the bound need not be safe, only rare.
+STOPPED_HOLDER_S = 1.0
+
+
 @dataclass(frozen=True)
 class TurnSettings:
     priority: int = 0  # the model's, across models; higher goes first
@@ -135,9 +153,11 @@ class DeviceTurns:
         clock: Clock = time.monotonic,
         is_alive: Callable[[int], bool] = pid_alive,
         signal_to: Signal = send_signal,
+        is_stopped: Callable[[int], bool] = pid_stopped,
     ) -> None:
         """`passes`: how many turns this replica may hold or ask for at once; `signal_to`:
         how a holder is stopped and continued for a realtime pass (`pause.py`)."""
+        self._stopped = is_stopped
         self.table = table
         self.model = model
         self.settings = settings
@@ -484,7 +504,7 @@ class DeviceTurns:
                 self.counts.taken_back += state == HOLDING
                 continue
             if state == HOLDING:
-                if reap and now - row[GRANTED_AT] > row[MAX_HOLD_S]:
+                if reap and self._hung(row, now):
                     table.set_state(index, IDLE)
                     self.counts.taken_back += 1
                     continue
@@ -508,6 +528,18 @@ class DeviceTurns:
             waiters.remove(best)
             granted.append(best.slot)
         return granted
+
+    def _hung(self, row: tuple[int | float, ...], now: float) -> bool:
+        """A holder past its `max_hold_s`, or frozen by someone else's stop."""
+        held_s = now - row[GRANTED_AT]
+        if held_s > row[MAX_HOLD_S]:
+            return True
+        return (
+            held_s > STOPPED_HOLDER_S
+            and not row[PAUSED_BY]
+            and row[PID] != self._pid
+            and self._stopped(int(row[PID]))
+        )
 
     def _granted_yet(self, turn: Turn) -> bool:
         now = self._clock()
