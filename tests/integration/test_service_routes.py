@@ -75,7 +75,7 @@ class _EngineProbe:
         self.fail: Exception | None = None
         self.engine_alive = self
 
-    def remote(self) -> Any:
+    def remote(self, *_: Any) -> Any:
         return asyncio.ensure_future(self._answer())
 
     async def _answer(self) -> bool:

@@ -3,8 +3,9 @@ its standby (`standby_replicas`, the shipped config) answers within seconds, and
 replacement stands by. Every replica of the model at once: the first 503 at once, /healthz
 503 within 3 s, the model serving again once Serve has replaced them. In both, no request
 answered later than its deadline (X-Request-Timeout) plus a small grace, and a Retry-After
-on every refusal. And a replica that hangs (SIGSTOP): refused within seconds, not at the
-deadline, and serving again once it goes on."""
+on every refusal. A replica that hangs (SIGSTOP) is passed over for the standby, and the
+call that waited on it is sent there; with every replica hung, requests are refused within
+seconds, not at their deadline, and served again once the replicas go on."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ HEALTH_TURNS_WITHIN_S = 3
 # at rest, docs/reliability.md); the bound leaves room for a busy machine.
 STANDBY_TAKES_OVER_S = 3
 STANDBY_BACK_WITHIN_S = 90  # Serve's replacement up, standing by in its turn
-STANDING_BY = {"serving": 1, "standing_by": 1}
+STANDING_BY = {"serving": 1, "standing_by": 1, "passed_over": 0}
 
 
 async def serving_replica(server: Server, model: str) -> int:
@@ -209,39 +210,55 @@ async def test_killed_replicas_refuse_fast_and_recover(
     )
 
 
-@pytest.mark.timeout(120)
-async def test_a_hung_replica_is_refused_within_seconds_and_serves_once_it_goes_on(
-    server: Server, models: dict[str, list[str]]
-) -> None:
-    """No call fails when a replica hangs, and Serve's router keeps sending it calls: the
-    first request finds out by its wait for a first token (the replica watch's probe),
-    the next is refused at once."""
-    llm = models["generation"][0]
-    pid = await serving_replica(server, llm)
-    body = chat_body(llm, max_tokens=4)
+async def two_chats(server: Server, model: str, stopped: list[int]) -> list[tuple[int, float]]:
+    """Two chats in a row, each timed, while the processes `stopped` are held by SIGSTOP;
+    they go on afterwards whatever happens."""
+    body = chat_body(model, max_tokens=4)
     headers = {"X-Request-Timeout": str(DEADLINE_S)}
     url = f"{server.url}/v1/chat/completions"
+    answers = []
     async with httpx.AsyncClient(timeout=DEADLINE_S + 30) as client:
-        os.kill(pid, signal.SIGSTOP)
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
         try:
-            started = time.monotonic()
-            first = await client.post(url, json=body, headers=headers)
-            first_s = time.monotonic() - started
-            started = time.monotonic()
-            second = await client.post(url, json=body, headers=headers)
-            second_s = time.monotonic() - started
+            for _ in range(2):
+                started = time.monotonic()
+                answer = await client.post(url, json=body, headers=headers)
+                if answer.status_code != 200:
+                    assert answer.headers.get("retry-after"), answer.text
+                answers.append((answer.status_code, round(time.monotonic() - started, 2)))
         finally:
-            os.kill(pid, signal.SIGCONT)
-    report.record(
-        "replica_hang",
-        {
-            "first": [first.status_code, round(first_s, 2)],
-            "second": [second.status_code, round(second_s, 2)],
-        },
-    )
-    assert first.status_code == 503 and first.headers.get("retry-after"), first.text
-    assert first_s < STALL_PROBE_S + PROBE_TIMEOUT_S + 2, f"refused only after {first_s:.1f} s"
-    assert second.status_code == 503 and second_s < 1, (second.status_code, second_s)
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+    return answers
+
+
+@pytest.mark.timeout(int(STANDBY_BACK_WITHIN_S + 120))
+async def test_a_hung_replica_is_passed_over_for_the_standby_and_refused_without_one(
+    server: Server, models: dict[str, list[str]]
+) -> None:
+    """A replica that hangs fails no call, and Serve's router keeps sending it calls until
+    its health check gives up (30 s). The first request finds out by its wait for a first
+    token (the replica watch's question): with the standby running, that request is sent
+    again to the standby and answered, and the next goes there at once. With every replica
+    hung, the first request is refused within seconds, not at its deadline, and the next
+    at once; the model serves again once they go on."""
+    llm = models["generation"][0]
+    await until_one_stands_by(server, llm, STANDBY_BACK_WITHIN_S)
+    pid = await serving_replica(server, llm)
+    handed_over = await two_chats(server, llm, [pid])
+    pids = await asyncio.to_thread(model_replica_pids, server, llm)
+    roles = await asyncio.to_thread(roles_in_stats, server, llm)
+    refused = await two_chats(server, llm, pids)
+    report.record("replica_hang", {"standby": handed_over, "all_hung": refused, "roles": roles})
+    (first, first_s), (second, second_s) = handed_over
+    assert first == 200 and first_s < STALL_PROBE_S + PROBE_TIMEOUT_S + 2, handed_over
+    assert second == 200 and second_s < 1, handed_over
+    assert roles["passed_over"] == 1, roles
+    (first, first_s), (second, second_s) = refused
+    # The serving replica's question, and the other's if it was not passed over already.
+    assert first == 503 and first_s < STALL_PROBE_S + 2 * PROBE_TIMEOUT_S + 2, refused
+    assert second == 503 and second_s < 1, refused
     await asyncio.to_thread(wait_for_generation, server, llm, 30)
 
 

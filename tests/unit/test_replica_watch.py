@@ -29,7 +29,7 @@ class Probe:
         self.answers = answers
         self.calls = 0
 
-    async def __call__(self) -> bool:
+    async def __call__(self, key: str) -> bool:
         self.calls += 1
         if not self.answers:
             await asyncio.sleep(3600)

@@ -55,7 +55,7 @@ def test_counts_are_kept_per_deployment() -> None:
     counts = StandbyCounts()
     assert counts.of("generate") is None
     counts.saw("generate", replica_roles([replica("a"), replica("b")], serving=1))
-    assert counts.of("generate") == {"serving": 1, "standing_by": 1}
+    assert counts.of("generate") == {"serving": 1, "standing_by": 1, "passed_over": 0}
 
 
 def generation(**fields: Any) -> GenerationModelConfig:
@@ -94,10 +94,16 @@ def test_every_router_serve_makes_shares_the_processs_records() -> None:
     from ray.serve.config import RequestRouterConfig
 
     from deployments.app import GENERATION_ROUTER
-    from deployments.ingress.calls import generation_router, standby, stop_note_router
+    from deployments.ingress.calls import (
+        generation_router,
+        silent_replicas,
+        standby,
+        stop_note_router,
+    )
 
     router = RequestRouterConfig(request_router_class=GENERATION_ROUTER).get_request_router_class()
     seen = router.choose_replicas.__globals__
     assert seen is not vars(generation_router)  # the module's names, copied
     assert seen["stop_note_router"].RUNS is stop_note_router.RUNS
     assert seen["standby"].STANDBY_COUNTS is standby.STANDBY_COUNTS
+    assert seen["silent_replicas"].SILENT is silent_replicas.SILENT

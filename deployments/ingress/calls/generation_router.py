@@ -1,9 +1,10 @@
 """Serve's request router for every generation deployment (set in app.py).
 
-Two jobs beyond Serve's default choice (the less busy of two random replicas, preferring
+Three jobs beyond Serve's default choice (the less busy of two random replicas, preferring
 the caller's node): a stop note goes to the replica that runs the generation it names
-(stop_note_router.py), and the standby replicas take no calls while enough others are up
-(standby.py).
+(stop_note_router.py), the standby replicas take no calls while enough others are up
+(standby.py), and a replica that left the replica watch's question unanswered is passed
+over while another runs (silent_replicas.py).
 
 Each routing task here is matched to its own request (no FIFO mixin): with FIFO matching, a
 replica chosen for a note could be handed to an older request in the queue instead.
@@ -27,7 +28,9 @@ from ray.serve.request_router import (
     RunningReplica,
 )
 
-from deployments.ingress.calls import standby, stop_note_router
+from deployments.ingress.calls import silent_replicas, standby, stop_note_router
+
+ENGINE_ALIVE = "engine_alive"  # engine_alive(probe_key): the replica watch's question
 
 
 class GenerationRouter(LocalityMixin, RequestRouter):
@@ -41,15 +44,27 @@ class GenerationRouter(LocalityMixin, RequestRouter):
         candidate_replicas: list[RunningReplica],
         pending_request: PendingRequest | None = None,
     ) -> list[list[RunningReplica]]:
+        silent = silent_replicas.SILENT
         there = stop_note_router.replica_for_note(
             candidate_replicas, pending_request, stop_note_router.RUNS
         )
-        if there is not None:
+        # Not to a replica passed over: Serve's router spun on the event loop, without
+        # yielding, for as long as a stopped replica's queue length stayed cached (10 s).
+        if there is not None and not silent.passed_over(there.replica_id):
             return [[there]]
-        roles = standby.replica_roles(candidate_replicas, self._serving_replicas)
-        standby.STANDBY_COUNTS.saw(self._deployment_id.name, roles)
+        live = silent.live(candidate_replicas)
+        roles = standby.replica_roles(live, self._serving_replicas)
+        standby.STANDBY_COUNTS.saw(
+            self._deployment_id.name, roles, len(candidate_replicas) - len(live)
+        )
+        question = _probe_key(pending_request)
+        if question is not None and roles.serving:
+            # One replica, so that a question left unanswered names the one that hangs.
+            asked = random.choice(roles.serving)
+            silent.asked(question, asked, candidate_replicas)
+            return [[asked]]
         near = list(self.apply_locality_routing(pending_request=pending_request))
-        if roles.standing_by:
+        if len(roles.serving) < len(candidate_replicas):
             serving = {replica.replica_id for replica in roles.serving}
             near = [replica_id for replica_id in near if replica_id in serving] or list(serving)
         if not near:
@@ -68,3 +83,10 @@ class GenerationRouter(LocalityMixin, RequestRouter):
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         super().on_request_completed(replica_id, internal_request_id)
         stop_note_router.RUNS.ended(internal_request_id)
+
+
+def _probe_key(request: PendingRequest | None) -> str | None:
+    if request is None or request.metadata.call_method != ENGINE_ALIVE:
+        return None
+    key: Any = request.args[0] if request.args else request.kwargs.get("probe_key")
+    return key if isinstance(key, str) else None

@@ -11,6 +11,12 @@ question (`engine_alive`) until a replica answers. While none does, the model is
 requests get a 503 with Retry-After at once, and those already waiting for their first
 token are answered the same way. With several replicas, the question is answered by a
 live one within the probe timeout, and nothing is refused.
+
+A replica that hangs is found the same way, by a call that waits for its first token: the
+question goes to one replica, and when it goes unanswered while another replica runs (a
+standby, or another serving one), that replica is passed over (silent_replicas.py), the
+calls waiting for a first token are told to send again (`passed_over`), and the question
+is asked again at once, of the others.
 """
 
 from __future__ import annotations
@@ -19,8 +25,13 @@ import asyncio
 import logging
 import math
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+from ray.serve.request_router import ReplicaID
+
+from deployments.ingress.calls.silent_replicas import SILENT, SilentReplicas
 
 logger = logging.getLogger("ray.serve")
 
@@ -36,18 +47,24 @@ class ReplicaWatch:
     def __init__(
         self,
         model: str,
-        probe: Callable[[], Awaitable[Any]],
+        probe: Callable[[str], Awaitable[Any]],
         probe_timeout_s: float = PROBE_TIMEOUT_S,
         probe_every_s: float = PROBE_EVERY_S,
         stall_probe_s: float = STALL_PROBE_S,
+        silent: SilentReplicas = SILENT,
     ) -> None:
+        """`probe(key)`: asks the model `engine_alive`; `key` names the question to the
+        router, which notes the replica it sent it to in `silent`."""
         self.model = model
         self._probe = probe
+        self._silent = silent
         self._probe_timeout_s = probe_timeout_s
         self._probe_every_s = probe_every_s
         self.stall_probe_s = stall_probe_s
         self._answered_at = -math.inf  # when a replica last answered the question
         self._down = asyncio.Event()
+        self._passed_over = asyncio.Event()
+        self._passed_one_over = False  # by the last question left unanswered
         self._probing: asyncio.Task[None] | None = None
 
     @property
@@ -79,8 +96,21 @@ class ReplicaWatch:
     async def until_down(self) -> None:
         await self._down.wait()
 
+    @property
+    def passed_over(self) -> asyncio.Event:
+        """Set when a replica is passed over after this moment: a call that holds it and
+        still waits for its first token may be waiting on that replica, and sends again."""
+        return self._passed_over
+
+    def passes_over(self, replica_id: ReplicaID) -> bool:
+        return self._silent.passed_over(replica_id)
+
     async def _watch(self) -> None:
         while not await self._answers():
+            if self._passed_one_over:
+                self._passed_over.set()
+                self._passed_over = asyncio.Event()
+                continue  # ask another at once
             if not self.down:
                 logger.warning("generation model %s has no replica that answers", self.model)
                 self._down.set()
@@ -90,11 +120,20 @@ class ReplicaWatch:
             self._down = asyncio.Event()  # the outage's waiters were all woken by the old one
 
     async def _answers(self) -> bool:
+        key = uuid.uuid4().hex
+        self._passed_one_over = False
         try:
-            await asyncio.wait_for(self._probe(), self._probe_timeout_s)
+            await asyncio.wait_for(self._probe(key), self._probe_timeout_s)
         except asyncio.CancelledError:
             raise
-        except Exception:  # a timeout, or another dead replica Serve still routes to
+        except TimeoutError:
+            self._passed_one_over = self._silent.unanswered(key)
+            if self._passed_one_over:
+                logger.warning("a replica of generation model %s hangs; passed over", self.model)
             return False
+        except Exception:  # another dead replica Serve still routes to
+            self._silent.answered(key)
+            return False
+        self._silent.answered(key)
         self._answered_at = time.monotonic()
         return True

@@ -30,20 +30,24 @@ def replica_roles(candidates: list[RunningReplica], serving: int | None) -> Repl
 
 
 class StandbyCounts:
-    """What the routers of this process last saw, per deployment: replicas serving and
-    standing by (for /v1/stats)."""
+    """What the routers of this process last saw, per deployment: replicas serving,
+    standing by, and passed over as silent (silent_replicas.py), for /v1/stats."""
 
     def __init__(self) -> None:
-        self._by_deployment: dict[str, tuple[int, int]] = {}
+        self._by_deployment: dict[str, tuple[int, int, int]] = {}
 
-    def saw(self, deployment: str, roles: ReplicaRoles) -> None:
-        self._by_deployment[deployment] = (len(roles.serving), len(roles.standing_by))
+    def saw(self, deployment: str, roles: ReplicaRoles, passed_over: int = 0) -> None:
+        self._by_deployment[deployment] = (
+            len(roles.serving),
+            len(roles.standing_by),
+            passed_over,
+        )
 
     def of(self, deployment: str) -> dict[str, int] | None:
         seen = self._by_deployment.get(deployment)
         if seen is None:
             return None
-        return {"serving": seen[0], "standing_by": seen[1]}
+        return {"serving": seen[0], "standing_by": seen[1], "passed_over": seen[2]}
 
 
 STANDBY_COUNTS = StandbyCounts()

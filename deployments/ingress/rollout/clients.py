@@ -56,4 +56,4 @@ def attach(
 
 def replica_watch_for(name: str, version: Version, handle: GenerationHandle) -> ReplicaWatch:
     label = name if version.app is None else version_key(name, version.label)
-    return ReplicaWatch(label, lambda: handle.engine_alive.remote())
+    return ReplicaWatch(label, lambda key: handle.engine_alive.remote(key))

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, Protocol
 
 import orjson
@@ -40,6 +41,7 @@ from deployments.ingress.api.generation_schemas import (
     Unsupported,
 )
 from deployments.ingress.api.schemas import as_invalid_request
+from deployments.ingress.calls import stop_note_router
 from deployments.ingress.calls.apart import apart_from_request
 from deployments.ingress.calls.call_errors import RAY_CALL_ERRORS, REPLICA_GONE, ray_call_error
 from deployments.ingress.calls.replica_watch import ReplicaWatch
@@ -54,6 +56,13 @@ DEADLINE_GRACE_S = 0.5
 # How long a stop note may take to reach its replica and answer; one that does not (no
 # replica, or one too busy to answer) leaves the stream to be cancelled instead.
 STOP_NOTE_TIMEOUT_S = 1.0
+# Sends of one call: the first, and one more if its replica is passed over as hung while
+# it waits for its first token (calls/silent_replicas.py).
+MAX_SENDS = 2
+
+
+class _SendAgain(Exception):
+    """The replica watch passed a replica over while this call waited on one."""
 
 
 class GenerationCall:
@@ -68,71 +77,114 @@ class GenerationCall:
         self.timeout_s = timeout_s
         self._watch = watch
         self._reads: SettledReads | None = None
-        # Names this call to its replica in a stop note; the request id may be a client's.
-        self._stop_key = uuid.uuid4().hex
+        self._stop_key = ""  # of the last send
         self._final_read = False  # the chunk with a finish reason came: the stream ends
 
     async def start(self, job: GenerationJob) -> GenerationChunk:
-        """Sends the job and returns its first chunk, or raises the API error it got."""
+        """Sends the job and returns its first chunk, or raises the API error it got. A
+        call still waiting for its first token on a replica the replica watch passes over
+        as hung is sent again (nothing of it reached the client), within the same deadline."""
         if self._watch.down:
             raise _no_replica(self.model)
-        with apart_from_request():  # ended by our stop note, not by Serve's cancel
-            stream = self._handle.options(stream=True).generate.remote(
-                self.priority.label, job, self.timeout_s, self._stop_key
-            )
-        self._reads = SettledReads(stream)
-        try:
-            first = await self._first_unless_down()
-        except TimeoutError:
-            self.cancel()
-            raise DeadlineExceeded(
-                f"No first token within the request's deadline of {self.timeout_s:g} s."
-            ) from None
-        except BaseException as exc:
-            self.cancel()
-            raise self._error_of(exc) from None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        for send in range(1, MAX_SENDS + 1):
+            self._send(job, max(deadline - loop.time(), 0.0))
+            try:
+                first = await self._next_read(deadline, may_send_again=send < MAX_SENDS)
+            except _SendAgain:
+                self.cancel()
+                continue
+            except TimeoutError:
+                self.cancel()
+                raise DeadlineExceeded(
+                    f"No first token within the request's deadline of {self.timeout_s:g} s."
+                ) from None
+            except BaseException as exc:
+                self.cancel()
+                raise self._error_of(exc) from None
+            break
+        assert self._reads is not None
         if isinstance(first, Rejection):
             self._reads.stop()  # the replica's stream ends after its refusal
             raise rejection_error(first)
         self._final_read = first.finish_reason is not None
         return first
 
-    async def _first_unless_down(self) -> Any:
-        """The stream's first item; NotReady as soon as the model turns out to have no live
-        replica (Serve would hold the call until a new one is up, past the deadline)."""
+    def _send(self, job: GenerationJob, time_left_s: float) -> None:
+        # Names this call to its replica in a stop note; the request id may be a client's.
+        self._stop_key = uuid.uuid4().hex
+        with apart_from_request():  # ended by our stop note, not by Serve's cancel
+            stream = self._handle.options(stream=True).generate.remote(
+                self.priority.label, job, time_left_s, self._stop_key
+            )
+        self._reads = SettledReads(stream)
+
+    async def _next_read(self, deadline: float | None, may_send_again: bool) -> Any:
+        """The stream's next item. Raises NotReady as soon as the model turns out to have
+        no live replica (Serve would hold the call until a new one is up, past the
+        deadline), TimeoutError past `deadline`, and, when this call's replica is passed
+        over as hung, _SendAgain (`may_send_again`: nothing was read yet) or NotReady.
+        StopAsyncIteration at the stream's end."""
         assert self._reads is not None
-        first = asyncio.ensure_future(self._reads.next())
+        read = asyncio.ensure_future(self._reads.next())
         down = asyncio.ensure_future(self._watch.until_down())
+        again: asyncio.Future[Any] | None = None
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout_s + DEADLINE_GRACE_S
+        if deadline is not None:
+            deadline += DEADLINE_GRACE_S
         try:
-            # Every `stall_probe_s` without a first token, the watch may ask whether a
-            # replica answers at all (it asks once a period, whoever is waiting).
-            while (left := deadline - loop.time()) > 0:
-                done, _ = await asyncio.wait(
-                    {first, down},
-                    timeout=min(self._watch.stall_probe_s, left),
-                    return_when=asyncio.FIRST_COMPLETED,
+            # Every `stall_probe_s` without an item, the watch may ask whether a replica
+            # answers at all (it asks once a period, whoever is waiting).
+            while deadline is None or loop.time() < deadline:
+                if again is None or again.done():
+                    if again is not None and self._on_passed_over_replica():
+                        break
+                    again = asyncio.ensure_future(self._watch.passed_over.wait())
+                left = None if deadline is None else deadline - loop.time()
+                step = (
+                    self._watch.stall_probe_s
+                    if left is None
+                    else min(self._watch.stall_probe_s, left)
                 )
-                if done:
+                done, _ = await asyncio.wait(
+                    {read, down, again}, timeout=step, return_when=asyncio.FIRST_COMPLETED
+                )
+                if read in done or down in done:
                     break
-                self._watch.call_stalled()
+                if not done:
+                    self._watch.call_stalled()
         finally:
             down.cancel()
-            if not first.done():
-                first.cancel()
-        if first.done() and not first.cancelled():
-            return first.result()
+            if again is not None and not again.done():
+                again.cancel()
+            if not read.done():
+                read.cancel()
+        if read.done() and not read.cancelled():
+            return read.result()
         if down.done() and not down.cancelled():
             raise _no_replica(self.model)
+        if again is not None and again.done():
+            if may_send_again:
+                raise _SendAgain
+            raise NotReady(
+                f"Model '{self.model}': the replica generating this answer stopped "
+                "answering and was passed over. Retry shortly."
+            )
         raise TimeoutError
+
+    def _on_passed_over_replica(self) -> bool:
+        """Whether this call waits on a replica the watch passed over: one not known to have
+        taken the call (Serve never heard it accept), or one passed over by name."""
+        runs_on = stop_note_router.RUNS.replica_of(self._stop_key)
+        return runs_on is None or self._watch.passes_over(runs_on)
 
     async def rest(self) -> AsyncIterator[GenerationChunk]:
         assert self._reads is not None
         try:
             while True:
                 try:
-                    chunk = await self._reads.next()
+                    chunk = await self._next_read(None, may_send_again=False)
                 except StopAsyncIteration:
                     return
                 self._final_read = chunk.finish_reason is not None
@@ -151,12 +203,17 @@ class GenerationCall:
 
     def cancel(self) -> None:
         """Ends the call for a reader that is gone; a no-op once the stream is over."""
-        if self._reads is not None:
-            self._reads.stop(None if self._final_read else self._send_stop)
+        if self._reads is None:
+            return
+        runs_on = stop_note_router.RUNS.replica_of(self._stop_key)
+        if runs_on is not None and self._watch.passes_over(runs_on):
+            self._reads.cancel()  # a note would wait on a replica that does not answer
+        else:
+            self._reads.stop(None if self._final_read else partial(self._send_stop, self._stop_key))
 
-    async def _send_stop(self) -> bool:
+    async def _send_stop(self, stop_key: str) -> bool:
         try:
-            stopping = self._handle.stop_sequence.remote(self._stop_key)
+            stopping = self._handle.stop_sequence.remote(stop_key)
             heard = bool(await asyncio.wait_for(stopping, STOP_NOTE_TIMEOUT_S))
         except Exception as exc:  # the stream is cancelled instead
             logger.info("could not tell model %s to stop a sequence: %r", self.model, exc)

@@ -167,8 +167,10 @@ class Generator:
         if task is None or task.done():
             self._watchdog = asyncio.get_running_loop().create_task(self.engine.watch())
 
-    async def engine_alive(self) -> bool:
-        """For the ingress's /healthz: cheap, and honest within the watchdog's period."""
+    async def engine_alive(self, probe_key: str | None = None) -> bool:
+        """For the ingress's /healthz and replica watch: cheap, and honest within the
+        watchdog's period. `probe_key` is read by the ingress's router only
+        (ingress/calls/silent_replicas.py)."""
         self._watch()
         return self.engine.alive
 
