@@ -220,3 +220,20 @@ async def test_a_read_that_landed_before_its_callback_ran_is_not_read_again() ->
     reads.stop()
     await until(lambda: reads.ended)  # a loop over the landed read would never yield
     assert stream.reads_started == 1 and stream.cancelled_with_reads_in_flight == []
+
+
+async def test_an_interrupt_ends_the_wait_not_the_read() -> None:
+    """The replica watch ends the wait of a call whose replica hangs; the read itself is
+    left to land or to be cancelled between reads, as any other."""
+    stream = FakeStream()
+    reads = SettledReads(stream)
+    waiting = asyncio.ensure_future(reads.next())
+    await settle()
+    reads.interrupt(TimeoutError("passed over"))
+    with pytest.raises(TimeoutError, match="passed over"):
+        await waiting
+    assert stream.reads_in_flight == 1 and stream.reads_interrupted == 0
+    reads.interrupt(TimeoutError("no one waits"))  # a no-op
+    stream.items.put_nowait("late")
+    assert await reads.next() == "late"  # the same read, landed
+    assert stream.reads_started == 1

@@ -65,6 +65,9 @@ class ReplicaWatch:
         self._down = asyncio.Event()
         self._passed_over = asyncio.Event()
         self._passed_one_over = False  # by the last question left unanswered
+        # Told of every pass-over: the calls reading past their first token (they wait
+        # with no deadline, so each is told rather than each waiting on an event).
+        self.mid_run: set[Callable[[], None]] = set()
         self._probing: asyncio.Task[None] | None = None
 
     @property
@@ -110,6 +113,8 @@ class ReplicaWatch:
             if self._passed_one_over:
                 self._passed_over.set()
                 self._passed_over = asyncio.Event()
+                for tell in list(self.mid_run):
+                    tell()
                 continue  # ask another at once
             if not self.down:
                 logger.warning("generation model %s has no replica that answers", self.model)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 # How long a cancel waits for the read in flight to land. A running sequence answers
@@ -44,10 +45,11 @@ class SettledReads:
         self._cancelling = False
         self._stopping = False
         self.ended = False  # the stream's end (or its error) has been read
+        self._waiter: asyncio.Future[Any] | None = None  # of the caller of `next`
 
     async def next(self) -> Any:
-        """The stream's next item. Cancelling the caller leaves the read itself running:
-        the next caller (or `cancel`) picks it up."""
+        """The stream's next item. Cancelling the caller (or `interrupt`) leaves the read
+        itself running: the next caller (or `cancel`) picks it up."""
         read = self._read
         if read is not None and read.done():
             # Landed, its callback not run yet: its item went to whoever awaited it (or
@@ -60,7 +62,18 @@ class SettledReads:
                 raise StopAsyncIteration
             read = self._read = asyncio.ensure_future(self._stream.__anext__())
             read.add_done_callback(self._landed)
-        return await asyncio.shield(read)
+        # asyncio.shield, with an outer future of our own that `interrupt` may end first.
+        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        read.add_done_callback(partial(_pass_on, waiter))
+        try:
+            return await waiter
+        finally:
+            self._waiter = None
+
+    def interrupt(self, exc: BaseException) -> None:
+        """Raises `exc` in the caller waiting in `next`, if one is; the read goes on."""
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(exc)
 
     def _landed(self, read: asyncio.Future[Any]) -> None:
         if self._read is read:
@@ -134,3 +147,14 @@ class SettledReads:
                 self._stream.cancel()
 
         read.add_done_callback(after)
+
+
+def _pass_on(waiter: asyncio.Future[Any], read: asyncio.Future[Any]) -> None:
+    if waiter.done():  # interrupted, or its caller cancelled
+        return
+    if read.cancelled():
+        waiter.cancel()
+    elif (exc := read.exception()) is not None:
+        waiter.set_exception(exc)
+    else:
+        waiter.set_result(read.result())

@@ -91,7 +91,7 @@ class GenerationCall:
         for send in range(1, MAX_SENDS + 1):
             self._send(job, max(deadline - loop.time(), 0.0))
             try:
-                first = await self._next_read(deadline, may_send_again=send < MAX_SENDS)
+                first = await self._first_read(deadline, may_send_again=send < MAX_SENDS)
             except _SendAgain:
                 self.cancel()
                 continue
@@ -120,35 +120,29 @@ class GenerationCall:
             )
         self._reads = SettledReads(stream)
 
-    async def _next_read(self, deadline: float | None, may_send_again: bool) -> Any:
-        """The stream's next item. Raises NotReady as soon as the model turns out to have
+    async def _first_read(self, deadline: float, may_send_again: bool) -> Any:
+        """The stream's first item. Raises NotReady as soon as the model turns out to have
         no live replica (Serve would hold the call until a new one is up, past the
-        deadline), TimeoutError past `deadline`, and, when this call's replica is passed
-        over as hung, _SendAgain (`may_send_again`: nothing was read yet) or NotReady.
-        StopAsyncIteration at the stream's end."""
+        deadline), TimeoutError past `deadline`, and, when the replica it waits on is
+        passed over as hung, _SendAgain (`may_send_again`) or NotReady."""
         assert self._reads is not None
         read = asyncio.ensure_future(self._reads.next())
         down = asyncio.ensure_future(self._watch.until_down())
         again: asyncio.Future[Any] | None = None
         loop = asyncio.get_running_loop()
-        if deadline is not None:
-            deadline += DEADLINE_GRACE_S
+        deadline += DEADLINE_GRACE_S
         try:
-            # Every `stall_probe_s` without an item, the watch may ask whether a replica
-            # answers at all (it asks once a period, whoever is waiting).
-            while deadline is None or loop.time() < deadline:
+            # Every `stall_probe_s` without a first token, the watch may ask whether a
+            # replica answers at all (it asks once a period, whoever is waiting).
+            while (left := deadline - loop.time()) > 0:
                 if again is None or again.done():
-                    if again is not None and self._on_passed_over_replica():
+                    if again is not None and self._waits_on_passed_over(first_read=True):
                         break
                     again = asyncio.ensure_future(self._watch.passed_over.wait())
-                left = None if deadline is None else deadline - loop.time()
-                step = (
-                    self._watch.stall_probe_s
-                    if left is None
-                    else min(self._watch.stall_probe_s, left)
-                )
                 done, _ = await asyncio.wait(
-                    {read, down, again}, timeout=step, return_when=asyncio.FIRST_COMPLETED
+                    {read, down, again},
+                    timeout=min(self._watch.stall_probe_s, left),
+                    return_when=asyncio.FIRST_COMPLETED,
                 )
                 if read in done or down in done:
                     break
@@ -167,24 +161,38 @@ class GenerationCall:
         if again is not None and again.done():
             if may_send_again:
                 raise _SendAgain
-            raise NotReady(
-                f"Model '{self.model}': the replica generating this answer stopped "
-                "answering and was passed over. Retry shortly."
-            )
+            raise self._passed_over_error()
         raise TimeoutError
 
-    def _on_passed_over_replica(self) -> bool:
-        """Whether this call waits on a replica the watch passed over: one not known to have
-        taken the call (Serve never heard it accept), or one passed over by name."""
+    def _waits_on_passed_over(self, first_read: bool) -> bool:
+        """Whether this call waits on a replica the watch passed over: one passed over by
+        name, or, for a first read, one not known to have taken the call (Serve never
+        heard it accept)."""
         runs_on = stop_note_router.RUNS.replica_of(self._stop_key)
-        return runs_on is None or self._watch.passes_over(runs_on)
+        if runs_on is None:
+            return first_read
+        return self._watch.passes_over(runs_on)
+
+    def _passed_over_error(self) -> NotReady:
+        return NotReady(
+            f"Model '{self.model}': the replica generating this answer stopped answering "
+            "and was passed over. Retry shortly."
+        )
+
+    def _if_passed_over(self) -> None:
+        """Told by the watch of a pass-over while this call reads past its first token:
+        ends the read with a 503 if its replica was the one (it would wait until Serve
+        replaces the replica)."""
+        if self._reads is not None and self._waits_on_passed_over(first_read=False):
+            self._reads.interrupt(self._passed_over_error())
 
     async def rest(self) -> AsyncIterator[GenerationChunk]:
         assert self._reads is not None
+        self._watch.mid_run.add(self._if_passed_over)
         try:
             while True:
                 try:
-                    chunk = await self._next_read(None, may_send_again=False)
+                    chunk = await self._reads.next()
                 except StopAsyncIteration:
                     return
                 self._final_read = chunk.finish_reason is not None
@@ -194,6 +202,7 @@ class GenerationCall:
         except Exception as exc:
             raise self._error_of(exc) from None
         finally:
+            self._watch.mid_run.discard(self._if_passed_over)
             self.cancel()
 
     def _error_of(self, exc: BaseException) -> BaseException:
