@@ -26,8 +26,9 @@ import logging
 import math
 import time
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from ray.serve.request_router import ReplicaID
 
@@ -41,6 +42,11 @@ PROBE_EVERY_S = 0.5
 # model's usual wait, well under a deadline (10 s in the reliability suite). A live replica
 # answers the probe in milliseconds, so a slow one costs a question, never a refusal.
 STALL_PROBE_S = 2.0
+
+
+class MidRun(Protocol):
+    def if_passed_over(self) -> None:
+        """A replica was passed over: end this call's wait if it was its replica."""
 
 
 class ReplicaWatch:
@@ -66,8 +72,9 @@ class ReplicaWatch:
         self._passed_over = asyncio.Event()
         self._passed_one_over = False  # by the last question left unanswered
         # Told of every pass-over: the calls reading past their first token (they wait
-        # with no deadline, so each is told rather than each waiting on an event).
-        self.mid_run: set[Callable[[], None]] = set()
+        # with no deadline, so each is told rather than each waiting on an event). Weak:
+        # a call whose reader was dropped unfinished is not kept by this.
+        self.mid_run: weakref.WeakSet[MidRun] = weakref.WeakSet()
         self._probing: asyncio.Task[None] | None = None
 
     @property
@@ -113,8 +120,8 @@ class ReplicaWatch:
             if self._passed_one_over:
                 self._passed_over.set()
                 self._passed_over = asyncio.Event()
-                for tell in list(self.mid_run):
-                    tell()
+                for call in list(self.mid_run):
+                    call.if_passed_over()
                 continue  # ask another at once
             if not self.down:
                 logger.warning("generation model %s has no replica that answers", self.model)

@@ -179,7 +179,7 @@ class GenerationCall:
             "and was passed over. Retry shortly."
         )
 
-    def _if_passed_over(self) -> None:
+    def if_passed_over(self) -> None:
         """Told by the watch of a pass-over while this call reads past its first token:
         ends the read with a 503 if its replica was the one (it would wait until Serve
         replaces the replica)."""
@@ -188,7 +188,7 @@ class GenerationCall:
 
     async def rest(self) -> AsyncIterator[GenerationChunk]:
         assert self._reads is not None
-        self._watch.mid_run.add(self._if_passed_over)
+        self._watch.mid_run.add(self)
         try:
             while True:
                 try:
@@ -202,7 +202,7 @@ class GenerationCall:
         except Exception as exc:
             raise self._error_of(exc) from None
         finally:
-            self._watch.mid_run.discard(self._if_passed_over)
+            self._watch.mid_run.discard(self)
             self.cancel()
 
     def _error_of(self, exc: BaseException) -> BaseException:
