@@ -48,11 +48,11 @@ class Clock:
 def test_an_unanswered_question_passes_its_replica_over_while_another_runs() -> None:
     silent = SilentReplicas()
     a, b = replica("a"), replica("b")
-    silent.asked("q1", a, [a, b])
+    silent.asked("q1", a, [a, b], full=False)
     assert silent.unanswered("q1")  # b can take a's calls: those waiting on a send again
     assert silent.live([a, b]) == [b]
     # b's question answered: nothing changes.
-    silent.asked("q2", b, [a, b])
+    silent.asked("q2", b, [a, b], full=False)
     silent.answered("q2")
     assert silent.live([a, b]) == [b]
 
@@ -60,11 +60,11 @@ def test_an_unanswered_question_passes_its_replica_over_while_another_runs() -> 
 def test_a_replica_that_may_answer_beats_none() -> None:
     silent = SilentReplicas()
     a = replica("a")
-    silent.asked("q", a, [a])
+    silent.asked("q", a, [a], full=False)
     assert not silent.unanswered("q")  # no other replica: nothing to send again to
     assert silent.live([a]) == [a]
     b = replica("b")
-    silent.asked("q2", b, [a, b])
+    silent.asked("q2", b, [a, b], full=False)
     assert not silent.unanswered("q2")  # a is passed over too: no other that answers
     assert silent.live([a, b]) == [a, b]
 
@@ -72,8 +72,8 @@ def test_a_replica_that_may_answer_beats_none() -> None:
 def test_a_question_passes_over_a_replica_once_and_unknown_questions_nothing() -> None:
     silent = SilentReplicas()
     a, b, c = replica("a"), replica("b"), replica("c")
-    silent.asked("q1", a, [a, b, c])
-    silent.asked("q2", a, [a, b, c])
+    silent.asked("q1", a, [a, b, c], full=False)
+    silent.asked("q2", a, [a, b, c], full=False)
     assert silent.unanswered("q1")
     assert not silent.unanswered("q2")  # already passed over: the calls were told
     assert not silent.unanswered("never asked")
@@ -84,13 +84,13 @@ def test_a_mark_lasts_its_time_and_goes_with_its_replica() -> None:
     clock = Clock()
     silent = SilentReplicas(passed_over_for_s=60, clock=clock)
     a, b = replica("a"), replica("b")
-    silent.asked("q", a, [a, b])
+    silent.asked("q", a, [a, b], full=False)
     silent.unanswered("q")
     clock.now = 59
     assert silent.live([a, b]) == [b]
     clock.now = 60  # a slow replica, not a hung one (Serve would have replaced that)
     assert silent.live([a, b]) == [a, b]
-    silent.asked("q", a, [a, b])
+    silent.asked("q", a, [a, b], full=False)
     silent.unanswered("q")
     assert silent.live([b]) == [b]  # Serve replaced a: forgotten
     assert not silent.passed_over(a.replica_id)
@@ -100,18 +100,29 @@ def test_one_models_router_forgets_only_its_own_replaced_replicas() -> None:
     silent = SilentReplicas()
     a, b = replica("a"), replica("b")
     other_model = [replica("x", "generate-other"), replica("y", "generate-other")]
-    silent.asked("q", a, [a, b])
+    silent.asked("q", a, [a, b], full=False)
     silent.unanswered("q")
     assert silent.live(other_model) == other_model
     assert silent.passed_over(a.replica_id)  # not forgotten by another model's router
+
+
+def test_a_replica_seen_full_is_busy_not_hung() -> None:
+    """Serve's router holds a question for a replica at its max_ongoing_requests until a
+    slot frees: left unanswered, it is not passed over (the model is refused meanwhile, as
+    when no replica answers)."""
+    silent = SilentReplicas()
+    a, b = replica("a"), replica("b")
+    silent.asked("q", a, [a, b], full=True)
+    assert not silent.unanswered("q")
+    assert silent.live([a, b]) == [a, b]
 
 
 def test_the_last_choice_of_a_question_counts() -> None:
     """Serve chooses again when the replica it chose does not say its queue length."""
     silent = SilentReplicas()
     a, b = replica("a"), replica("b")
-    silent.asked("q", a, [a, b])
-    silent.asked("q", b, [a, b])
+    silent.asked("q", a, [a, b], full=False)
+    silent.asked("q", b, [a, b], full=False)
     assert silent.unanswered("q")
     assert silent.live([a, b]) == [a]
 
@@ -182,7 +193,7 @@ class Model:
 
     async def probe(self, key: str) -> bool:
         asked = self.serving()[0]
-        self.silent.asked(key, asked, self.replicas)
+        self.silent.asked(key, asked, self.replicas, full=False)
         await self.running[asked.replica_id.unique_id].wait()
         return True
 

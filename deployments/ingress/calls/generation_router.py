@@ -61,7 +61,9 @@ class GenerationRouter(LocalityMixin, RequestRouter):
         if question is not None and roles.serving:
             # One replica, so that a question left unanswered names the one that hangs.
             asked = random.choice(roles.serving)
-            silent.asked(question, asked, candidate_replicas)
+            ongoing = self.replica_queue_len_cache.get(asked.replica_id)
+            full = ongoing is not None and ongoing >= asked.max_ongoing_requests
+            silent.asked(question, asked, candidate_replicas, full)
             return [[asked]]
         near = list(self.apply_locality_routing(pending_request=pending_request))
         if len(roles.serving) < len(candidate_replicas):

@@ -32,6 +32,7 @@ REMEMBERED_QUESTIONS = 1024
 class Question:
     replica_id: ReplicaID
     others: int  # replicas not passed over that could answer instead
+    full: bool  # Serve last saw the replica at its max_ongoing_requests: busy, not hung
 
 
 class SilentReplicas:
@@ -45,15 +46,18 @@ class SilentReplicas:
         self._asked: OrderedDict[str, Question] = OrderedDict()
         self._since: dict[ReplicaID, float] = {}  # passed-over replica -> when
 
-    def asked(self, key: str, asked: RunningReplica, candidates: list[RunningReplica]) -> None:
+    def asked(
+        self, key: str, asked: RunningReplica, candidates: list[RunningReplica], full: bool
+    ) -> None:
         """The question `key` went to `asked`, one of `candidates` (Serve may choose again
-        on a retry: the last choice is the one that counts)."""
+        on a retry: the last choice is the one that counts). `full`: Serve's router last
+        saw `asked` with no free slot, so the question waits for one there."""
         others = [
             r
             for r in candidates
             if r.replica_id != asked.replica_id and not self.passed_over(r.replica_id)
         ]
-        self._asked[key] = Question(asked.replica_id, len(others))
+        self._asked[key] = Question(asked.replica_id, len(others), full)
         self._asked.move_to_end(key)
         while len(self._asked) > REMEMBERED_QUESTIONS:
             self._asked.popitem(last=False)
@@ -63,9 +67,10 @@ class SilentReplicas:
 
     def unanswered(self, key: str) -> bool:
         """Passes over the replica that `key` went to. True when that replica was taking
-        calls until now and another can take them: the calls waiting on it may send again."""
+        calls until now and another can take them: the calls waiting on it may send again.
+        A replica that was full is not passed over: it is busy, not hung."""
         question = self._asked.pop(key, None)
-        if question is None:
+        if question is None or question.full:
             return False
         newly = not self.passed_over(question.replica_id)
         self._since[question.replica_id] = self._clock()
