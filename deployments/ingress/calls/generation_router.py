@@ -51,7 +51,7 @@ class GenerationRouter(LocalityMixin, RequestRouter):
         # Not to a replica passed over: Serve's router spun on the event loop, without
         # yielding, for as long as a stopped replica's queue length stayed cached (10 s).
         if there is not None and not silent.passed_over(there.replica_id):
-            return [[there]]
+            return _only(there, pending_request)
         live = silent.live(candidate_replicas)
         roles = standby.replica_roles(live, self._serving_replicas)
         standby.STANDBY_COUNTS.saw(
@@ -64,7 +64,7 @@ class GenerationRouter(LocalityMixin, RequestRouter):
             ongoing = self.replica_queue_len_cache.get(asked.replica_id)
             full = ongoing is not None and ongoing >= asked.max_ongoing_requests
             silent.asked(question, asked, candidate_replicas, full)
-            return [[asked]]
+            return _only(asked, pending_request)
         near = list(self.apply_locality_routing(pending_request=pending_request))
         if len(roles.serving) < len(candidate_replicas):
             serving = {replica.replica_id for replica in roles.serving}
@@ -85,6 +85,16 @@ class GenerationRouter(LocalityMixin, RequestRouter):
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         super().on_request_completed(replica_id, internal_request_id)
         stop_note_router.RUNS.ended(internal_request_id)
+
+
+def _only(replica: RunningReplica, request: PendingRequest | None) -> list[list[RunningReplica]]:
+    """`replica` alone. Serve retries a choice it could not place (the replica full, or not
+    saying its queue length) at once, with no pause, until the request's routing context
+    says to back off; its locality mixin says so after the first try, and so does this:
+    a note or a question for a full replica would otherwise spin the caller's loop."""
+    if request is not None:
+        request.routing_context.should_backoff = True
+    return [[replica]]
 
 
 def _probe_key(request: PendingRequest | None) -> str | None:

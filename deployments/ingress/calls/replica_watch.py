@@ -45,6 +45,8 @@ STALL_PROBE_S = 2.0
 
 
 class MidRun(Protocol):
+    last_read_at: float  # time.monotonic() of its last item
+
     def if_passed_over(self) -> None:
         """A replica was passed over: end this call's wait if it was its replica."""
 
@@ -75,6 +77,7 @@ class ReplicaWatch:
         # with no deadline, so each is told rather than each waiting on an event). Weak:
         # a call whose reader was dropped unfinished is not kept by this.
         self.mid_run: weakref.WeakSet[MidRun] = weakref.WeakSet()
+        self._checking: asyncio.Task[None] | None = None
         self._probing: asyncio.Task[None] | None = None
 
     @property
@@ -111,6 +114,25 @@ class ReplicaWatch:
         """Set when a replica is passed over after this moment: a call that holds it and
         still waits for its first token may be waiting on that replica, and sends again."""
         return self._passed_over
+
+    def reading(self, call: MidRun) -> None:
+        """`call` reads past its first token: told of pass-overs, and looked at every
+        `stall_probe_s`; one that has read nothing for that long is a stalled call (a
+        replica that hangs while every call on it is mid-way is found so, with no new
+        call to wait for a first token)."""
+        self.mid_run.add(call)
+        if self._checking is None or self._checking.done():
+            self._checking = asyncio.get_running_loop().create_task(self._check_mid_run())
+
+    def done_reading(self, call: MidRun) -> None:
+        self.mid_run.discard(call)
+
+    async def _check_mid_run(self) -> None:
+        while self.mid_run:
+            await asyncio.sleep(self.stall_probe_s)
+            now = time.monotonic()
+            if any(now - call.last_read_at >= self.stall_probe_s for call in list(self.mid_run)):
+                self.call_stalled()
 
     def passes_over(self, replica_id: ReplicaID) -> bool:
         return self._silent.passed_over(replica_id)

@@ -79,6 +79,7 @@ class GenerationCall:
         self._reads: SettledReads | None = None
         self._stop_key = ""  # of the last send
         self._final_read = False  # the chunk with a finish reason came: the stream ends
+        self.last_read_at = 0.0  # time.monotonic() of the last item read past the first
 
     async def start(self, job: GenerationJob) -> GenerationChunk:
         """Sends the job and returns its first chunk, or raises the API error it got. A
@@ -188,13 +189,15 @@ class GenerationCall:
 
     async def rest(self) -> AsyncIterator[GenerationChunk]:
         assert self._reads is not None
-        self._watch.mid_run.add(self)
+        self.last_read_at = time.monotonic()
+        self._watch.reading(self)
         try:
             while True:
                 try:
                     chunk = await self._reads.next()
                 except StopAsyncIteration:
                     return
+                self.last_read_at = time.monotonic()
                 self._final_read = chunk.finish_reason is not None
                 yield chunk
         except asyncio.CancelledError:
@@ -202,7 +205,7 @@ class GenerationCall:
         except Exception as exc:
             raise self._error_of(exc) from None
         finally:
-            self._watch.mid_run.discard(self)
+            self._watch.done_reading(self)
             self.cancel()
 
     def _error_of(self, exc: BaseException) -> BaseException:
