@@ -96,9 +96,10 @@ class ReplicaWatch:
         self._probe_once()
 
     def call_stalled(self) -> None:
-        """A call has waited `stall_probe_s` for its first token: find out whether a
-        replica answers at all (once, as for a death), unless one answered less than
-        `stall_probe_s` ago: under a queue of slow first tokens, one question a period."""
+        """A call has waited `stall_probe_s` for its first token, or read nothing for as
+        long past it: find out whether a replica answers at all (once, as for a death),
+        unless one answered less than `stall_probe_s` ago: under a queue of slow first
+        tokens, one question a period."""
         if time.monotonic() - self._answered_at >= self.stall_probe_s:
             self._probe_once()
 
