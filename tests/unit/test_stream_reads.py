@@ -233,7 +233,32 @@ async def test_an_interrupt_ends_the_wait_not_the_read() -> None:
     with pytest.raises(TimeoutError, match="passed over"):
         await waiting
     assert stream.reads_in_flight == 1 and stream.reads_interrupted == 0
-    reads.interrupt(TimeoutError("no one waits"))  # a no-op
     stream.items.put_nowait("late")
     assert await reads.next() == "late"  # the same read, landed
     assert stream.reads_started == 1
+
+
+async def test_an_interrupt_between_reads_is_raised_at_the_next_read_once() -> None:
+    """A reader passing an item on when its call's replica is passed over learns of it at
+    its next read, instead of waiting on that replica."""
+    stream = FakeStream()
+    reads = SettledReads(stream)
+    stream.items.put_nowait("first")
+    assert await reads.next() == "first"
+    reads.interrupt(TimeoutError("passed over"))
+    with pytest.raises(TimeoutError, match="passed over"):
+        await reads.next()
+    assert stream.reads_started == 1  # no read was started for it
+    stream.items.put_nowait("second")
+    assert await reads.next() == "second"
+
+
+async def test_a_stopped_reader_is_not_interrupted() -> None:
+    stream = FakeStream()
+    reads = SettledReads(stream)
+    reads.interrupt(TimeoutError("passed over"))
+    reads.stop()  # read to its end in the background, past the interrupt
+    stream.items.put_nowait("last")
+    stream.items.put_nowait(StopAsyncIteration())
+    await until(lambda: reads.ended)
+    assert stream.cancelled_with_reads_in_flight == []  # ended by reading, not cancelled

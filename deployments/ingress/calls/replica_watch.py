@@ -12,11 +12,14 @@ requests get a 503 with Retry-After at once, and those already waiting for their
 token are answered the same way. With several replicas, the question is answered by a
 live one within the probe timeout, and nothing is refused.
 
-A replica that hangs is found the same way, by a call that waits for its first token: the
-question goes to one replica, and when it goes unanswered while another replica runs (a
-standby, or another serving one), that replica is passed over (silent_replicas.py), the
-calls waiting for a first token are told to send again (`passed_over`), and the question
-is asked again at once, of the others.
+A replica that hangs is found the same way: every call is watched from its send to its
+end, and one that has read nothing for `stall_probe_s` (no first token, or no next one)
+asks the question. It goes to one replica, and when it goes unanswered while another
+replica runs (a standby, or another serving one), that replica is passed over
+(silent_replicas.py), every watched call is told (`if_passed_over`: those on that replica
+are sent again before their first token, or end after it), and the question is asked
+again at once, of the others. When none answers, the calls waiting for a first token are
+told the model is down (`if_down`).
 """
 
 from __future__ import annotations
@@ -38,17 +41,26 @@ logger = logging.getLogger("ray.serve")
 
 PROBE_TIMEOUT_S = 1.0
 PROBE_EVERY_S = 0.5
-# A first token this late starts a probe: far over the demo model's (tens of ms) and a real
-# model's usual wait, well under a deadline (10 s in the reliability suite). A live replica
-# answers the probe in milliseconds, so a slow one costs a question, never a refusal.
+# A first token (or a next one) this late starts a probe: far over the demo model's (tens
+# of ms) and a real model's usual wait, well under a deadline (10 s in the reliability
+# suite). A live replica answers the probe in milliseconds, so a slow one costs a
+# question, never a refusal.
 STALL_PROBE_S = 2.0
 
 
-class MidRun(Protocol):
-    last_read_at: float  # time.monotonic() of its last item
+# Calls are looked at this many times a stall period: one that stalls asks within
+# 1/CHECKS_PER_STALL of the period after it.
+CHECKS_PER_STALL = 4
+
+
+class WatchedCall(Protocol):
+    last_read_at: float  # time.monotonic() of its send, then of its last item
 
     def if_passed_over(self) -> None:
         """A replica was passed over: end this call's wait if it was its replica."""
+
+    def if_down(self) -> None:
+        """No replica answers: end this call's wait if it has no first token yet."""
 
 
 class ReplicaWatch:
@@ -70,19 +82,18 @@ class ReplicaWatch:
         self._probe_every_s = probe_every_s
         self.stall_probe_s = stall_probe_s
         self._answered_at = -math.inf  # when a replica last answered the question
-        self._down = asyncio.Event()
-        self._passed_over = asyncio.Event()
+        self._down = False  # no replica answered the last question
         self._passed_one_over = False  # by the last question left unanswered
-        # Told of every pass-over: the calls reading past their first token (they wait
-        # with no deadline, so each is told rather than each waiting on an event). Weak:
-        # a call whose reader was dropped unfinished is not kept by this.
-        self.mid_run: weakref.WeakSet[MidRun] = weakref.WeakSet()
+        # The calls out to the model, from send to end: looked at for stalls, told of a
+        # pass-over or an outage. Weak: a call whose reader was dropped unfinished is not
+        # kept by this.
+        self.calls: weakref.WeakSet[WatchedCall] = weakref.WeakSet()
         self._checking: asyncio.Task[None] | None = None
         self._probing: asyncio.Task[None] | None = None
 
     @property
     def down(self) -> bool:
-        return self._down.is_set()
+        return self._down
 
     @property
     def in_doubt(self) -> bool:
@@ -96,10 +107,9 @@ class ReplicaWatch:
         self._probe_once()
 
     def call_stalled(self) -> None:
-        """A call has waited `stall_probe_s` for its first token, or read nothing for as
-        long past it: find out whether a replica answers at all (once, as for a death),
-        unless one answered less than `stall_probe_s` ago: under a queue of slow first
-        tokens, one question a period."""
+        """A call has read nothing for `stall_probe_s`: find out whether a replica
+        answers at all (once, as for a death), unless one answered less than
+        `stall_probe_s` ago: under a queue of slow first tokens, one question a period."""
         if time.monotonic() - self._answered_at >= self.stall_probe_s:
             self._probe_once()
 
@@ -107,32 +117,21 @@ class ReplicaWatch:
         if self._probing is None or self._probing.done():
             self._probing = asyncio.get_running_loop().create_task(self._watch())
 
-    async def until_down(self) -> None:
-        await self._down.wait()
-
-    @property
-    def passed_over(self) -> asyncio.Event:
-        """Set when a replica is passed over after this moment: a call that holds it and
-        still waits for its first token may be waiting on that replica, and sends again."""
-        return self._passed_over
-
-    def reading(self, call: MidRun) -> None:
-        """`call` reads past its first token: told of pass-overs, and looked at every
-        `stall_probe_s`; one that has read nothing for that long is a stalled call (a
-        replica that hangs while every call on it is mid-way is found so, with no new
-        call to wait for a first token)."""
-        self.mid_run.add(call)
+    def watching(self, call: WatchedCall) -> None:
+        """`call` was sent: looked at every `stall_probe_s / CHECKS_PER_STALL` until
+        `done_watching`, and told of pass-overs and outages meanwhile."""
+        self.calls.add(call)
         if self._checking is None or self._checking.done():
-            self._checking = asyncio.get_running_loop().create_task(self._check_mid_run())
+            self._checking = asyncio.get_running_loop().create_task(self._check_calls())
 
-    def done_reading(self, call: MidRun) -> None:
-        self.mid_run.discard(call)
+    def done_watching(self, call: WatchedCall) -> None:
+        self.calls.discard(call)
 
-    async def _check_mid_run(self) -> None:
-        while self.mid_run:
-            await asyncio.sleep(self.stall_probe_s)
-            now = time.monotonic()
-            if any(now - call.last_read_at >= self.stall_probe_s for call in list(self.mid_run)):
+    async def _check_calls(self) -> None:
+        while self.calls:
+            await asyncio.sleep(self.stall_probe_s / CHECKS_PER_STALL)
+            since = time.monotonic() - self.stall_probe_s
+            if any(call.last_read_at <= since for call in list(self.calls)):
                 self.call_stalled()
 
     def passes_over(self, replica_id: ReplicaID) -> bool:
@@ -141,18 +140,18 @@ class ReplicaWatch:
     async def _watch(self) -> None:
         while not await self._answers():
             if self._passed_one_over:
-                self._passed_over.set()
-                self._passed_over = asyncio.Event()
-                for call in list(self.mid_run):
+                for call in list(self.calls):
                     call.if_passed_over()
                 continue  # ask another at once
             if not self.down:
                 logger.warning("generation model %s has no replica that answers", self.model)
-                self._down.set()
+                self._down = True
+            for call in list(self.calls):  # those sent while down were refused at send
+                call.if_down()
             await asyncio.sleep(self._probe_every_s)
         if self.down:
             logger.info("generation model %s answers again", self.model)
-            self._down = asyncio.Event()  # the outage's waiters were all woken by the old one
+            self._down = False
 
     async def _answers(self) -> bool:
         key = uuid.uuid4().hex

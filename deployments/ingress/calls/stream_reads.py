@@ -46,10 +46,14 @@ class SettledReads:
         self._stopping = False
         self.ended = False  # the stream's end (or its error) has been read
         self._waiter: asyncio.Future[Any] | None = None  # of the caller of `next`
+        self._interrupted: BaseException | None = None  # for the next caller of `next`
 
     async def next(self) -> Any:
         """The stream's next item. Cancelling the caller (or `interrupt`) leaves the read
         itself running: the next caller (or `cancel`) picks it up."""
+        if (interrupted := self._interrupted) is not None:
+            self._interrupted = None
+            raise interrupted
         read = self._read
         if read is not None and read.done():
             # Landed, its callback not run yet: its item went to whoever awaited it (or
@@ -71,8 +75,11 @@ class SettledReads:
             self._waiter = None
 
     def interrupt(self, exc: BaseException) -> None:
-        """Raises `exc` in the caller waiting in `next`, if one is; the read goes on."""
-        if self._waiter is not None and not self._waiter.done():
+        """Raises `exc` in the caller waiting in `next`, or in the reader's next call if
+        none waits (it may be between reads, passing an item on); the read goes on."""
+        if self._waiter is None or self._waiter.done():
+            self._interrupted = self._interrupted or exc
+        else:
             self._waiter.set_exception(exc)
 
     def _landed(self, read: asyncio.Future[Any]) -> None:
@@ -87,6 +94,7 @@ class SettledReads:
         stream is known to end by itself (it answered a refusal). Either way it is read
         to its end in the background, and cancelled only if the note found nothing to end
         or the end does not come within `STOP_WAIT_S`. Safe to call more than once."""
+        self._interrupted = None  # its reader has gone
         if self.ended or self._stopping:
             return
         self._stopping = True

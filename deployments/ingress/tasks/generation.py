@@ -78,8 +78,9 @@ class GenerationCall:
         self._watch = watch
         self._reads: SettledReads | None = None
         self._stop_key = ""  # of the last send
+        self._past_first = False  # the first item came: the call cannot be sent again
         self._final_read = False  # the chunk with a finish reason came: the stream ends
-        self.last_read_at = 0.0  # time.monotonic() of the last item read past the first
+        self.last_read_at = 0.0  # time.monotonic() of the send, then of the last item read
 
     async def start(self, job: GenerationJob) -> GenerationChunk:
         """Sends the job and returns its first chunk, or raises the API error it got. A
@@ -92,10 +93,12 @@ class GenerationCall:
         for send in range(1, MAX_SENDS + 1):
             self._send(job, max(deadline - loop.time(), 0.0))
             try:
-                first = await self._first_read(deadline, may_send_again=send < MAX_SENDS)
+                first = await self._first_read(deadline)
             except _SendAgain:
                 self.cancel()
-                continue
+                if send < MAX_SENDS:
+                    continue
+                raise self._passed_over_error() from None
             except TimeoutError:
                 self.cancel()
                 raise DeadlineExceeded(
@@ -107,9 +110,12 @@ class GenerationCall:
             break
         assert self._reads is not None
         if isinstance(first, Rejection):
+            self._watch.done_watching(self)
             self._reads.stop()  # the replica's stream ends after its refusal
             raise rejection_error(first)
+        self._past_first = True
         self._final_read = first.finish_reason is not None
+        self.last_read_at = time.monotonic()
         return first
 
     def _send(self, job: GenerationJob, time_left_s: float) -> None:
@@ -120,58 +126,23 @@ class GenerationCall:
                 self.priority.label, job, time_left_s, self._stop_key
             )
         self._reads = SettledReads(stream)
+        self.last_read_at = time.monotonic()
+        self._watch.watching(self)
 
-    async def _first_read(self, deadline: float, may_send_again: bool) -> Any:
-        """The stream's first item. Raises NotReady as soon as the model turns out to have
-        no live replica (Serve would hold the call until a new one is up, past the
-        deadline), TimeoutError past `deadline`, and, when the replica it waits on is
-        passed over as hung, _SendAgain (`may_send_again`) or NotReady."""
+    async def _first_read(self, deadline: float) -> Any:
+        """The stream's first item; TimeoutError past `deadline` (and a grace for the
+        replica's own 504). The watch ends the wait sooner (`if_down`, `if_passed_over`)."""
         assert self._reads is not None
-        read = asyncio.ensure_future(self._reads.next())
-        down = asyncio.ensure_future(self._watch.until_down())
-        again: asyncio.Future[Any] | None = None
-        loop = asyncio.get_running_loop()
-        deadline += DEADLINE_GRACE_S
-        try:
-            # Every `stall_probe_s` without a first token, the watch may ask whether a
-            # replica answers at all (it asks once a period, whoever is waiting).
-            while (left := deadline - loop.time()) > 0:
-                if again is None or again.done():
-                    if again is not None and self._waits_on_passed_over(first_read=True):
-                        break
-                    again = asyncio.ensure_future(self._watch.passed_over.wait())
-                done, _ = await asyncio.wait(
-                    {read, down, again},
-                    timeout=min(self._watch.stall_probe_s, left),
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                if read in done or down in done:
-                    break
-                if not done:
-                    self._watch.call_stalled()
-        finally:
-            down.cancel()
-            if again is not None and not again.done():
-                again.cancel()
-            if not read.done():
-                read.cancel()
-        if read.done() and not read.cancelled():
-            return read.result()
-        if down.done() and not down.cancelled():
-            raise _no_replica(self.model)
-        if again is not None and again.done():
-            if may_send_again:
-                raise _SendAgain
-            raise self._passed_over_error()
-        raise TimeoutError
+        async with asyncio.timeout_at(deadline + DEADLINE_GRACE_S):
+            return await self._reads.next()
 
-    def _waits_on_passed_over(self, first_read: bool) -> bool:
+    def _waits_on_passed_over(self, unplaced_counts: bool) -> bool:
         """Whether this call waits on a replica the watch passed over: one passed over by
-        name, or, for a first read, one not known to have taken the call (Serve never
+        name, or, if `unplaced_counts`, one not known to have taken the call (Serve never
         heard it accept)."""
         runs_on = stop_note_router.RUNS.replica_of(self._stop_key)
         if runs_on is None:
-            return first_read
+            return unplaced_counts
         return self._watch.passes_over(runs_on)
 
     def _passed_over_error(self) -> NotReady:
@@ -181,16 +152,22 @@ class GenerationCall:
         )
 
     def if_passed_over(self) -> None:
-        """Told by the watch of a pass-over while this call reads past its first token:
-        ends the read with a 503 if its replica was the one (it would wait until Serve
-        replaces the replica)."""
-        if self._reads is not None and self._waits_on_passed_over(first_read=False):
-            self._reads.interrupt(self._passed_over_error())
+        """Told by the watch of a pass-over: if this call's replica was the one, its read
+        ends, to be sent again before its first token (`_SendAgain`), with a 503 after it
+        (it would wait until Serve replaces the replica)."""
+        if self._reads is not None and self._waits_on_passed_over(not self._past_first):
+            again = self._passed_over_error() if self._past_first else _SendAgain()
+            self._reads.interrupt(again)
+
+    def if_down(self) -> None:
+        """Told by the watch that no replica answers: a call waiting for its first token
+        is refused now (Serve would hold it until a new replica is up, past its deadline)."""
+        if self._reads is not None and not self._past_first:
+            self._reads.interrupt(_no_replica(self.model))
 
     async def rest(self) -> AsyncIterator[GenerationChunk]:
         assert self._reads is not None
         self.last_read_at = time.monotonic()
-        self._watch.reading(self)
         try:
             while True:
                 try:
@@ -205,7 +182,6 @@ class GenerationCall:
         except Exception as exc:
             raise self._error_of(exc) from None
         finally:
-            self._watch.done_reading(self)
             self.cancel()
 
     def _error_of(self, exc: BaseException) -> BaseException:
@@ -217,8 +193,8 @@ class GenerationCall:
         """Ends the call for a reader that is gone; a no-op once the stream is over."""
         if self._reads is None:
             return
-        runs_on = stop_note_router.RUNS.replica_of(self._stop_key)
-        if runs_on is not None and self._watch.passes_over(runs_on):
+        self._watch.done_watching(self)
+        if self._waits_on_passed_over(unplaced_counts=False):
             self._reads.cancel()  # a note would wait on a replica that does not answer
         else:
             self._reads.stop(None if self._final_read else partial(self._send_stop, self._stop_key))
