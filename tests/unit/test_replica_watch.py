@@ -57,6 +57,21 @@ class Stream:
         self.cancelled = True
 
 
+class QuietAfterFirst(Stream):
+    """A stream whose first item comes at once and the next after `then_s`."""
+
+    def __init__(self, then_s: float) -> None:
+        super().__init__(wait_s=0)
+        self.then_s = then_s
+        self.items = 0
+
+    async def __anext__(self) -> Any:
+        self.items += 1
+        if self.items > 1:
+            await asyncio.sleep(self.then_s)
+        return await super().__anext__()
+
+
 class Handle:
     def __init__(self, stream: Stream) -> None:
         self.stream = stream
@@ -69,8 +84,8 @@ class Handle:
         return self.stream
 
 
-def job() -> GenerationJob:
-    return GenerationJob(request_id="r", prompt="hi", messages=None, max_tokens=4)
+def job(whole: bool = False) -> GenerationJob:
+    return GenerationJob(request_id="r", prompt="hi", messages=None, max_tokens=4, whole=whole)
 
 
 def call(stream: Stream, watch: ReplicaWatch, timeout_s: float = 5) -> GenerationCall:
@@ -196,3 +211,29 @@ async def test_stalled_calls_ask_once_a_period_while_the_replica_answers() -> No
     await asyncio.sleep(0.2)
     watch.call_stalled()
     await until(lambda: probe.calls == 2)
+
+
+async def test_a_stream_stalled_mid_way_ends_with_a_503_when_no_replica_answers() -> None:
+    """The model's only replica hangs while a stream is mid-way: the stream reads nothing
+    for a stall period, the question goes unanswered, and the stream ends with a 503
+    rather than waiting until Serve replaces the replica."""
+    watch = ReplicaWatch("llm", Probe(answers=False), **FAST, stall_probe_s=0.1)
+    streaming = call(QuietAfterFirst(then_s=3600), watch, timeout_s=30)
+    await streaming.start(job())
+    started = time.monotonic()
+    with pytest.raises(NotReady) as ended:
+        async for _ in streaming.rest():
+            pass
+    assert time.monotonic() - started < 1 and ended.value.retry_after_s
+    assert watch.down
+
+
+async def test_a_whole_completion_mid_way_is_left_to_its_end_when_no_replica_answers() -> None:
+    """A whole completion sends nothing between its first chunk and its last: silence is
+    not a stall, and an outage found meanwhile does not end it."""
+    watch = ReplicaWatch("llm", Probe(answers=False), **FAST, stall_probe_s=0.1)
+    whole = call(QuietAfterFirst(then_s=0.4), watch, timeout_s=30)
+    await whole.start(job(whole=True))
+    reading = asyncio.ensure_future(anext(whole.rest()))
+    await until(lambda: watch.down)
+    assert (await reading).text == "hi"

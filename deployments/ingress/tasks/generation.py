@@ -79,6 +79,7 @@ class GenerationCall:
         self._reads: SettledReads | None = None
         self._stop_key = ""  # of the last send
         self._past_first = False  # the first item came: the call cannot be sent again
+        self._whole = False  # a whole completion: no item between its first and its last
         self._final_read = False  # the chunk with a finish reason came: the stream ends
         self.last_read_at = 0.0  # time.monotonic() of the send, then of the last item read
 
@@ -126,6 +127,7 @@ class GenerationCall:
                 self.priority.label, job, time_left_s, self._stop_key
             )
         self._reads = SettledReads(stream)
+        self._whole = job.whole
         self.last_read_at = time.monotonic()
         self._watch.watching(self)
 
@@ -161,9 +163,24 @@ class GenerationCall:
 
     def if_down(self) -> None:
         """Told by the watch that no replica answers: a call waiting for its first token
-        is refused now (Serve would hold it until a new replica is up, past its deadline)."""
-        if self._reads is not None and not self._past_first:
+        is refused now (Serve would hold it until a new replica is up, past its deadline),
+        and a stream past it that has read nothing for a stall period ends with a 503 (it
+        would wait as long). A whole completion reads nothing until its end: left alone."""
+        if self._reads is None:
+            return
+        if not self._past_first:
             self._reads.interrupt(_no_replica(self.model))
+        elif not self._whole and self._stalled():
+            self._reads.interrupt(self._stalled_error())
+
+    def _stalled(self) -> bool:
+        return time.monotonic() - self.last_read_at >= self._watch.stall_probe_s
+
+    def _stalled_error(self) -> NotReady:
+        return NotReady(
+            f"Model '{self.model}' has no replica that answers; the one generating this "
+            "answer stopped. Retry shortly."
+        )
 
     async def rest(self) -> AsyncIterator[GenerationChunk]:
         assert self._reads is not None
