@@ -71,8 +71,8 @@ from deployments.ingress.tasks.generation import (
     LiveGeneration,
     Reply,
     build_job,
-    collect,
     parse_generation_request,
+    run_whole,
     timeout_for,
 )
 from deployments.ingress.tasks.rerank import (
@@ -266,9 +266,7 @@ class Ingress:
             return Answer(None, headers, events=events)
 
         async def complete() -> tuple[str, GenerationChunk]:
-            live = await start()
-            with live.charged():
-                text, last = await collect(live.call, live.first)
+            live, text, last = await run_whole(start)
             live.settle(last)
             took = time.monotonic() - live.started
             self.shadows.send_generation(live.table, version, job, text, took)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ from deployments.ingress.calls.replica_watch import ReplicaWatch
 from deployments.ingress.calls.silent_replicas import SilentReplicas
 from deployments.ingress.calls.standby import replica_roles
 from deployments.ingress.calls.stop_note_router import RUNS
-from deployments.ingress.tasks.generation import GenerationCall
+from deployments.ingress.tasks.generation import GenerationCall, run_whole
 
 FAST = {"probe_timeout_s": 0.05, "probe_every_s": 0.02, "stall_probe_s": 0.1}
 
@@ -211,8 +212,8 @@ class Model:
         return self.streams[-1]
 
 
-def job() -> GenerationJob:
-    return GenerationJob(request_id="r", prompt="hi", messages=None, max_tokens=4)
+def job(whole: bool = False) -> GenerationJob:
+    return GenerationJob(request_id="r", prompt="hi", messages=None, max_tokens=4, whole=whole)
 
 
 async def test_calls_waiting_on_a_hung_replica_are_sent_again_to_the_standby() -> None:
@@ -267,6 +268,43 @@ async def test_a_call_mid_run_on_a_hung_replica_fails_and_one_on_a_live_replica_
     assert isinstance(failed_on_a, NotReady) and failed_on_a.retry_after_s
     assert answered_on_b == ["hi", "hi"]
     assert [r.replica_id.unique_id for r in model.serving()] == ["b", "c"]
+
+
+class Live:
+    """What run_whole needs of a LiveGeneration: the call, its first chunk, a charge."""
+
+    def __init__(self, call: GenerationCall, first: GenerationChunk) -> None:
+        self.call = call
+        self.first = first
+        self.charges = 0
+
+    @contextmanager
+    def charged(self) -> Iterator[None]:
+        self.charges += 1
+        yield
+
+
+async def test_a_whole_completion_whose_replica_hangs_mid_way_runs_again_on_the_standby() -> None:
+    """A whole completion's client has seen nothing past its first token either: on a
+    replica passed over mid-way it runs again from the start, on the replica that answers,
+    instead of ending with the 503 a stream gets."""
+    silent = SilentReplicas()
+    model = Model(silent, hung=set(), chunks=3)
+    watch = ReplicaWatch("llm", model.probe, silent=silent, **FAST)
+
+    async def start() -> Any:
+        call = GenerationCall("llm", model, Priority.NORMAL, 10, watch)
+        first = await call.start(job(whole=True))
+        if model.sent_to == ["a"]:
+            model.hang("a")  # after its first chunk
+        return Live(call, first)
+
+    started = time.monotonic()
+    live, text, last = await run_whole(start)
+    assert text == "hihihi" and last.finish_reason == "length"
+    assert model.sent_to == ["a", "b"]
+    assert live.call is not None and live.charges == 1  # the second run's, settled alone
+    assert time.monotonic() - started < 1
 
 
 async def _rest(call: GenerationCall) -> list[str]:

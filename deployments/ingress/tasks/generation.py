@@ -65,6 +65,11 @@ class _SendAgain(Exception):
     """The replica watch passed a replica over while this call waited on one."""
 
 
+class PassedOverMidWay(NotReady):
+    """A whole completion's replica was passed over after its first token: its client has
+    seen nothing, so it may run again from the start (`run_whole`)."""
+
+
 class GenerationCall:
     """One request's streaming call to a generation replica."""
 
@@ -148,18 +153,27 @@ class GenerationCall:
         return self._watch.passes_over(runs_on)
 
     def _passed_over_error(self) -> NotReady:
-        return NotReady(
+        return NotReady(self._passed_over_message())
+
+    def _passed_over_message(self) -> str:
+        return (
             f"Model '{self.model}': the replica generating this answer stopped answering "
             "and was passed over. Retry shortly."
         )
 
     def if_passed_over(self) -> None:
         """Told by the watch of a pass-over: if this call's replica was the one, its read
-        ends, to be sent again before its first token (`_SendAgain`), with a 503 after it
-        (it would wait until Serve replaces the replica)."""
-        if self._reads is not None and self._waits_on_passed_over(not self._past_first):
-            again = self._passed_over_error() if self._past_first else _SendAgain()
-            self._reads.interrupt(again)
+        ends, to be sent again before its first token (`_SendAgain`), after it with a 503
+        (it would wait until Serve replaces the replica), one a whole completion may run
+        again on (`PassedOverMidWay`)."""
+        if self._reads is None or not self._waits_on_passed_over(not self._past_first):
+            return
+        if not self._past_first:
+            self._reads.interrupt(_SendAgain())
+        elif self._whole:
+            self._reads.interrupt(PassedOverMidWay(self._passed_over_message()))
+        else:
+            self._reads.interrupt(self._passed_over_error())
 
     def if_down(self) -> None:
         """Told by the watch that no replica answers: a call waiting for its first token
@@ -438,6 +452,25 @@ class ChunkSource(Protocol):
     def rest(self) -> AsyncIterator[GenerationChunk]: ...
 
     def cancel(self) -> None: ...
+
+
+async def run_whole(
+    start: Callable[[], Awaitable[LiveGeneration]],
+) -> tuple[LiveGeneration, str, GenerationChunk]:
+    """A whole completion: the call `start` makes, its text and its last chunk. One whose
+    replica is passed over after its first token runs again from the start, once (its
+    client has seen nothing), with a charge and a deadline of its own."""
+    for run in range(1, MAX_SENDS + 1):
+        live = await start()
+        try:
+            with live.charged():
+                text, last = await collect(live.call, live.first)
+        except PassedOverMidWay:
+            if run == MAX_SENDS:
+                raise
+            continue
+        return live, text, last
+    raise AssertionError("MAX_SENDS is at least 1")
 
 
 async def collect(call: ChunkSource, first: GenerationChunk) -> tuple[str, GenerationChunk]:
