@@ -17,9 +17,10 @@ end, and one that has read nothing for `stall_probe_s` (no first token, or no ne
 asks the question. It goes to one replica, and when it goes unanswered while another
 replica runs (a standby, or another serving one), that replica is passed over
 (silent_replicas.py), every watched call is told (`if_passed_over`: those on that replica
-are sent again before their first token, or end after it), and the question is asked
-again at once, of the others. When none answers, the calls waiting for a first token are
-told the model is down (`if_down`).
+are sent again before their first token, or after it end, or run again if whole), and the
+question is asked again at once, of the others. When none answers, every call is told the
+model is down (`if_down`: those waiting for a first token are refused, streams stalled
+mid-way end).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class WatchedCall(Protocol):
         """A replica was passed over: end this call's wait if it was its replica."""
 
     def if_down(self) -> None:
-        """No replica answers: end this call's wait if it has no first token yet."""
+        """No replica answers: end this call's wait if it cannot end otherwise."""
 
 
 class ReplicaWatch:
