@@ -53,6 +53,7 @@ from deployments.ingress.cache.generation_cache import (
     whole_answer,
 )
 from deployments.ingress.cache.item_cache import ItemCaches, cached_run, with_cached_inputs
+from deployments.ingress.calls.generation_call import GenerationCall
 from deployments.ingress.calls.model_client import ModelClient, overloaded
 from deployments.ingress.calls.observe import RequestObserver, note_request, observed
 from deployments.ingress.rollout.catalog import AppHandle, Catalog
@@ -67,7 +68,6 @@ from deployments.ingress.tasks.embed import (
     refuse_wider_than_model,
 )
 from deployments.ingress.tasks.generation import (
-    GenerationCall,
     LiveGeneration,
     Reply,
     build_job,

@@ -16,8 +16,8 @@ from ray.exceptions import RayActorError
 from deployments.core.priority import Priority
 from deployments.core.protocol import GenerationChunk, GenerationJob
 from deployments.errors import DeadlineExceeded, NotReady
+from deployments.ingress.calls.generation_call import GenerationCall
 from deployments.ingress.calls.replica_watch import ReplicaWatch
-from deployments.ingress.tasks.generation import GenerationCall
 
 FAST = {"probe_timeout_s": 0.05, "probe_every_s": 0.02}
 

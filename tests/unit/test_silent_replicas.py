@@ -20,11 +20,12 @@ from ray.serve._private.common import DeploymentID, ReplicaID
 from deployments.core.priority import Priority
 from deployments.core.protocol import GenerationChunk, GenerationJob
 from deployments.errors import NotReady
+from deployments.ingress.calls.generation_call import GenerationCall
 from deployments.ingress.calls.replica_watch import ReplicaWatch
 from deployments.ingress.calls.silent_replicas import SilentReplicas
 from deployments.ingress.calls.standby import replica_roles
 from deployments.ingress.calls.stop_note_router import RUNS
-from deployments.ingress.tasks.generation import GenerationCall, run_whole
+from deployments.ingress.tasks.generation import run_whole
 
 FAST = {"probe_timeout_s": 0.05, "probe_every_s": 0.02, "stall_probe_s": 0.1}
 

@@ -1,7 +1,7 @@
 """Routes a generation's stop note to the replica that runs the generation.
 
 A client that leaves a generation makes the ingress send `stop_sequence(stop_key)` to the
-model (ingress/tasks/generation.py). Serve routes each handle call on its own, so with two
+model (ingress/calls/generation_call.py). Serve routes each handle call on its own, so with two
 or more replicas the note went to any of them: to the wrong one half the time with two,
 which answered that it had no such run, and the ingress then cancelled the stream instead
 (a cancelled call leaks in gRPC, calls/stream_reads.py) while the sequence ran on to its

@@ -12,13 +12,13 @@ from deployments.core.admission.front_shedding import FrontShedding
 from deployments.core.admission.held_requests import HeldRequests
 from deployments.ingress.access.gate import AccessGate
 from deployments.ingress.cache.item_cache import ItemCaches
+from deployments.ingress.calls.generation_call import STOP_NOTES
 from deployments.ingress.calls.observe import RequestObserver
 from deployments.ingress.calls.standby import STANDBY_COUNTS
 from deployments.ingress.calls.stop_note_router import RUNS
 from deployments.ingress.rollout.catalog import Catalog
 from deployments.ingress.rollout.versions import Version
 from deployments.ingress.status.stats_view import batching_classes, generation_classes
-from deployments.ingress.tasks.generation import STOP_NOTES
 from deployments.ingress.tasks.shadow import ShadowCopies
 
 # A version whose application went away must not hold up the whole answer.

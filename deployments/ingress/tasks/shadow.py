@@ -27,8 +27,9 @@ from deployments.core.rollout.agreement import (
     top1_agreement,
 )
 from deployments.errors import Overloaded
+from deployments.ingress.calls.generation_call import GenerationCall
 from deployments.ingress.rollout.versions import ModelVersions, Version
-from deployments.ingress.tasks.generation import GenerationCall, collect
+from deployments.ingress.tasks.generation import collect
 
 logger = logging.getLogger("ray.serve")
 
