@@ -147,9 +147,9 @@ class GenerationCall:
 
     def if_passed_over(self) -> None:
         """Told by the watch of a pass-over: if this call's replica was the one, its read
-        ends, to be sent again before its first token (`_SendAgain`), after it with a 503
-        (it would wait until Serve replaces the replica), one a whole completion may run
-        again on (`PassedOverMidWay`)."""
+        ends: before its first token to be sent again (`_SendAgain`); after it, a whole
+        completion's to run again (`PassedOverMidWay`), a stream's with a 503 (it would
+        wait until Serve replaces the replica)."""
         if self._reads is None or not self._waits_on_passed_over(not self._past_first):
             return
         if not self._past_first:
