@@ -20,6 +20,7 @@ from ray.serve._private.common import DeploymentID, ReplicaID
 from deployments.core.priority import Priority
 from deployments.core.protocol import GenerationChunk, GenerationJob
 from deployments.errors import NotReady
+from deployments.ingress.calls import generation_call
 from deployments.ingress.calls.generation_call import GenerationCall
 from deployments.ingress.calls.replica_watch import ReplicaWatch
 from deployments.ingress.calls.silent_replicas import SilentReplicas
@@ -306,6 +307,21 @@ async def test_a_whole_completion_whose_replica_hangs_mid_way_runs_again_on_the_
     assert model.sent_to == ["a", "b"]
     assert live.call is not None and live.charges == 1  # the second run's, settled alone
     assert time.monotonic() - started < 1
+
+
+async def test_a_pass_over_told_as_the_first_item_landed_is_a_503_at_the_next_read() -> None:
+    """The watch decides what to tell a call by whether its first item came; told in the
+    moment the item landed but before `start` took it, the call learns of the pass-over at
+    its next read: the 503 of a call past its first token, not a model failure (500)."""
+    silent = SilentReplicas()
+    model = Model(silent, hung=set(), chunks=3)
+    watch = ReplicaWatch("llm", model.probe, silent=silent, **FAST)
+    call = GenerationCall("llm", model, Priority.NORMAL, 10, watch)
+    await call.start(job())
+    call._reads.interrupt(generation_call._SendAgain())  # type: ignore[union-attr]
+    with pytest.raises(NotReady) as ended:
+        await _rest(call)
+    assert ended.value.status == 503 and ended.value.retry_after_s
 
 
 async def _rest(call: GenerationCall) -> list[str]:

@@ -152,12 +152,12 @@ class GenerationCall:
         wait until Serve replaces the replica)."""
         if self._reads is None or not self._waits_on_passed_over(not self._past_first):
             return
-        if not self._past_first:
-            self._reads.interrupt(_SendAgain())
-        elif self._whole:
-            self._reads.interrupt(PassedOverMidWay(self._passed_over_message()))
-        else:
-            self._reads.interrupt(self._passed_over_error())
+        self._reads.interrupt(_SendAgain() if not self._past_first else self._mid_way_error())
+
+    def _mid_way_error(self) -> NotReady:
+        if self._whole:
+            return PassedOverMidWay(self._passed_over_message())
+        return self._passed_over_error()
 
     def if_down(self) -> None:
         """Told by the watch that no replica answers: a call waiting for its first token
@@ -200,6 +200,8 @@ class GenerationCall:
             self.cancel()
 
     def _error_of(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, _SendAgain):  # told as its first item landed, raised past it
+            return self._mid_way_error()
         if isinstance(exc, REPLICA_GONE):
             self._watch.call_died()
         return _call_error(self.model, self.priority, exc)
