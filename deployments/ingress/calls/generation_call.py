@@ -88,7 +88,7 @@ class GenerationCall:
                 self.cancel()
                 if send < MAX_SENDS:
                     continue
-                raise self._passed_over_error() from None
+                raise self._passed_over_error(NotReady) from None
             except TimeoutError:
                 self.cancel()
                 raise DeadlineExceeded(
@@ -136,11 +136,8 @@ class GenerationCall:
             return unplaced_counts
         return self._watch.passes_over(runs_on)
 
-    def _passed_over_error(self) -> NotReady:
-        return NotReady(self._passed_over_message())
-
-    def _passed_over_message(self) -> str:
-        return (
+    def _passed_over_error(self, kind: type[NotReady]) -> NotReady:
+        return kind(
             f"Model '{self.model}': the replica generating this answer stopped answering "
             "and was passed over. Retry shortly."
         )
@@ -155,9 +152,7 @@ class GenerationCall:
         self._reads.interrupt(_SendAgain() if not self._past_first else self._mid_way_error())
 
     def _mid_way_error(self) -> NotReady:
-        if self._whole:
-            return PassedOverMidWay(self._passed_over_message())
-        return self._passed_over_error()
+        return self._passed_over_error(PassedOverMidWay if self._whole else NotReady)
 
     def if_down(self) -> None:
         """Told by the watch that no replica answers: a call waiting for its first token

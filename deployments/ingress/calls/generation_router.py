@@ -61,8 +61,7 @@ class GenerationRouter(LocalityMixin, RequestRouter):
         if question is not None and roles.serving:
             # One replica, so that a question left unanswered names the one that hangs.
             asked = random.choice(roles.serving)
-            ongoing = self.replica_queue_len_cache.get(asked.replica_id)
-            full = ongoing is not None and ongoing >= asked.max_ongoing_requests
+            full = not self.select_available_replicas([asked])
             silent.asked(question, asked, candidate_replicas, full)
             return _only(asked, pending_request)
         near = list(self.apply_locality_routing(pending_request=pending_request))
