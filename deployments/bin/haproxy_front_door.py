@@ -37,6 +37,15 @@ the way, each time, so a reload with a new config keeps them:
   (core/admission/front_shedding.py). The families and headers are
   deployments/http/front_shedding.py's; tests/parts/test_front_door_shedding.py checks they
   agree.
+- **One ingress replica for realtime.** For each app named in
+  TRIBUTARY_REALTIME_INGRESS (comma-separated; the launcher sets it from the app's
+  `ingress.realtime_replica`), a backend with two or more ingress replicas keeps the first
+  (by name) for `X-Priority: realtime` requests: the others take everything else, that one
+  takes no share of the balance (`weight 0`) and a `use-server` rule sends it realtime.
+  Under a flood the realtime requests then wait on an event loop of their own instead of
+  behind thousands of normal ones (docs/operations.md, "A replica for realtime"). HAProxy
+  ignores the rule while that replica is down, so realtime goes to the others; while
+  every other is down, the rest goes to Serve's fallback proxy.
 - **503 not_ready while there is no route yet.** Serve starts HAProxy before the app is
   deployed, with no app backend: every request then falls to Serve's `default_backend`,
   a plain-text 404 "Path '/healthz' not found", for the seconds until the ingress
@@ -114,6 +123,36 @@ def _positive(environ: Mapping[str, str], name: str, default: int) -> int:
     if not raw.isdigit() or int(raw) < 1:
         sys.exit(f"{name} must be a positive integer, not {raw!r}")
     return int(raw)
+
+
+REALTIME_INGRESS = "TRIBUTARY_REALTIME_INGRESS"
+# Serve names an app's backend after the app.
+APP_BACKEND_PREFIX = "http-"
+REPLICA_PREFIX = "SERVE_REPLICA_"
+
+
+def realtime_apps(environ: Mapping[str, str]) -> frozenset[str]:
+    """The apps whose first ingress replica is kept for realtime (module docstring)."""
+    raw = environ.get(REALTIME_INGRESS, "")
+    return frozenset(name.strip() for name in raw.split(",") if name.strip())
+
+
+def realtime_replica(servers: list[str]) -> list[str]:
+    """A backend's server lines with its first ingress replica kept for realtime, when
+    it has two or more; else as they are."""
+    replicas = sorted(
+        line.split()[1]
+        for line in servers
+        if SERVER.match(line) and line.split()[1].startswith(REPLICA_PREFIX)
+    )
+    if len(replicas) < 2:
+        return servers
+    kept = replicas[0]
+    out = [
+        f"{line} weight 0" if SERVER.match(line) and line.split()[1] == kept else line
+        for line in servers
+    ]
+    return [*out, f"    use-server {kept} if {{ req.hdr(x-priority) -m str -i realtime }}"]
 
 
 def bounded_queue(bounds: QueueBounds, response: Path = BACKPRESSURE) -> list[str]:
@@ -225,13 +264,20 @@ def routes_to_an_app(sections: list[list[str]]) -> bool:
     )
 
 
-def patch_config(text: str, errors: dict[str, Path], bounds: QueueBounds | None = None) -> str:
+def patch_config(
+    text: str,
+    errors: dict[str, Path],
+    bounds: QueueBounds | None = None,
+    realtime: frozenset[str] = frozenset(),
+) -> str:
     """`text` with our errorfile lines in each `defaults` section, and any errorfile line
     there for one of the same statuses dropped (HAProxy would keep the last one); the
     JSON back-pressure rule in each `frontend`; in each backend with servers, the
-    bounded queue and a `maxconn` on every server; and while no app has a route, our
-    503 not_ready from Serve's `default_backend` in place of its 404."""
+    bounded queue and a `maxconn` on every server, and for the apps in `realtime` an
+    ingress replica kept for realtime; and while no app has a route, our 503 not_ready
+    from Serve's `default_backend` in place of its 404."""
     bounds = bounds or QueueBounds()
+    realtime_backends = {f"{APP_BACKEND_PREFIX}{app}" for app in realtime}
     ours = [f"    errorfile {status} {path}" for status, path in errors.items()]
     sections = _sections(text)
     starting = not routes_to_an_app(sections) and "503" in errors
@@ -253,6 +299,8 @@ def patch_config(text: str, errors: dict[str, Path], bounds: QueueBounds | None 
             out += [*head, json_backpressure(), *body]
         elif keyword == "backend" and any(SERVER.match(line) for line in body):
             servers = [_with_maxconn(line, bounds.ingress_maxconn) for line in body]
+            if section[0].split()[1:] and section[0].split()[1] in realtime_backends:
+                servers = realtime_replica(servers)
             out += head + front_shedding() + bounded_queue(bounds) + servers
         else:
             out += section
@@ -281,7 +329,7 @@ def patched_path(original: str) -> Path:
 def write_patched(original: str, errors: dict[str, Path]) -> str:
     target = patched_path(original)
     bounds = QueueBounds.from_environment(os.environ)
-    text = patch_config(Path(original).read_text(), errors, bounds)
+    text = patch_config(Path(original).read_text(), errors, bounds, realtime_apps(os.environ))
     # Written aside and renamed: a HAProxy that is starting never reads half a file.
     temporary = target.with_name(f".{target.name}.{os.getpid()}")
     temporary.write_text(text)
