@@ -121,11 +121,34 @@ class IngressConfig(StrictModel):
         "request still goes, alone).",
     )
     admission: AdmissionConfig = AdmissionConfig()
+    realtime_replica: bool = Field(
+        False,
+        description="Keep one ingress replica for `X-Priority: realtime` requests and send "
+        "it nothing else, so that realtime does not wait on an event loop busy with a flood "
+        "of the other classes. Needs HAProxy in front (the launcher's default mode) and at "
+        'least two ingress replicas (docs/operations.md, "A replica for realtime").',
+    )
     deployment: DeploymentOptions = DeploymentOptions(
         max_ongoing_requests=512,
         max_queued_requests=1024,
         ray_actor_options=ActorOptions(num_cpus=0.5),
     )
+
+    @model_validator(mode="after")
+    def _realtime_replica_has_company(self) -> IngressConfig:
+        options = self.deployment
+        least = (
+            options.autoscaling_config.min_replicas
+            if options.autoscaling_config is not None
+            else options.num_replicas or 1
+        )
+        if self.realtime_replica and least < 2:
+            raise ValueError(
+                "realtime_replica keeps one ingress replica for realtime: give the ingress "
+                f"at least 2 replicas (deployment.num_replicas or autoscaling_config."
+                f"min_replicas), not {least}"
+            )
+        return self
 
 
 class TenantConfig(StrictModel):

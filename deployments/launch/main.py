@@ -19,6 +19,8 @@ KeyboardInterrupt, it shuts Serve down, and the exit shuts down the Ray it runs 
 It also gives HAProxy's files a directory of this user and instance (launch/paths.py), and
 refuses or gives up on a config the machine cannot place (launch/placement.py), and says
 each replica that fails to start, stopping once Serve gives up on one (launch/failed_start.py).
+With HAProxy in front, it tells HAProxy which apps keep an ingress replica for realtime
+requests (launch/realtime_front.py).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from deployments.launch.placement import (
     PlacementCheck,
     placement_problem,
 )
+from deployments.launch.realtime_front import realtime_environment
 from deployments.launch.start_watch import StartWatch
 
 # Always: a local Ray instance of our own (never someone else's cluster) and no usage
@@ -228,6 +231,9 @@ def main(argv: list[str]) -> None:
             # Else HAProxy fails to start inside Serve and Ray ends in a long traceback.
             parser.exit(2, f"{parser.prog}: error: {problem}\n")
         os.environ.update(haproxy_side_ports(os.environ))
+        config = yaml.safe_load(Path(args.config).read_text()) or {}
+        for key, value in realtime_environment(config).items():
+            os.environ.setdefault(key, value)
     instance = own_haproxy_dir(parser)
     try:
         _serve(parser, args, serve_args)
