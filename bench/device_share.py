@@ -125,6 +125,7 @@ def config_with(
                 deployment["ray_actor_options"] = {"num_cpus": 1, "num_gpus": ONE_CARD_GPUS[kind]}
     if one_card:
         app["ingress"]["deployment"]["num_replicas"] = 1
+        app["ingress"]["realtime_replica"] = False
     return config
 
 

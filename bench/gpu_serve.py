@@ -56,6 +56,7 @@ def one_card_config(
         model["deployment"]["ray_actor_options"]["num_gpus"] = llm_gpus
     if no_gpu:  # the script itself, checked on a small machine without a GPU
         args["ingress"]["deployment"]["num_replicas"] = 1
+        args["ingress"]["realtime_replica"] = False
         for key in ("ingress", "embedding_models", "rerank_models", "generation_models"):
             for model in [args[key]] if key == "ingress" else args.get(key) or []:
                 model["deployment"]["ray_actor_options"] = {"num_cpus": 0.1, "num_gpus": 0}

@@ -45,6 +45,10 @@ def cluster_test_config(http_port: int) -> dict[str, Any]:
     # The node-loss test holds batch-class requests on chosen replicas for longer than any
     # target (held_batch.py): admission must take a second one while the first runs.
     args["ingress"]["admission"]["batch"]["target_ms"] = HELD_TARGET_MS
+    # One ingress, pinned to the head: behind Serve's own proxy no replica is kept for
+    # realtime (that is HAProxy's rule), and the head has room for one.
+    args["ingress"]["realtime_replica"] = False
+    args["ingress"]["deployment"]["num_replicas"] = 1
     base = args["embedding_models"][0]
     spread = copy.deepcopy(base)
     spread.update(name=SPREAD_MODEL, torch_threads=1)

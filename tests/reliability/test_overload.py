@@ -73,14 +73,24 @@ def targets_ms() -> dict[PriorityName, float]:
 def watched_processes(server: Server, embedder: str) -> dict[str, int]:
     stats = httpx.get(f"{server.url}/v1/stats", timeout=10).json()
     found = {"embedding replica": int(stats["models"][embedder]["replica"]["pid"])}
-    for name, needle in (
-        ("ingress replica", "ServeReplica:tributary:ingress"),
-        ("haproxy", "haproxy"),
-    ):
-        pids = find(server, needle)
-        if pids:
-            found[name] = pids[0]
+    for number, pid in enumerate(find(server, "ServeReplica:tributary:ingress"), start=1):
+        found[f"ingress replica {number}"] = pid
+    haproxy = find(server, "haproxy")
+    if haproxy:
+        found["haproxy"] = haproxy[0]
     return found
+
+
+async def calls_by_replica(server: Server, embedder: str) -> dict[str, dict[str, int]]:
+    """Per ingress replica HAProxy sends to (the one kept for realtime, the one for the
+    rest), the calls it made to the model per class since it started."""
+    seen = {}
+    async with httpx.AsyncClient(timeout=30) as client:
+        for label, headers in (("realtime replica", {"X-Priority": "realtime"}), ("other", {})):
+            stats = (await client.get(f"{server.url}/v1/stats", headers=headers)).json()
+            classes = stats["models"][embedder]["ingress"].get("classes", {})
+            seen[label] = {c: int(v.get("calls", 0)) for c, v in classes.items()}
+    return seen
 
 
 def rss(processes: dict[str, int]) -> dict[str, float | None]:
@@ -205,6 +215,7 @@ async def test_twice_capacity_admits_what_it_can_serve_in_time_and_refuses_the_r
     seconds = time.monotonic() - started
     await asyncio.sleep(SETTLE_S)  # the queues drain and the garbage collector runs
     after = rss(processes)
+    by_replica = await calls_by_replica(server, embedder)
     growth = {
         name: round(after[name] - before[name], 1)  # type: ignore[operator]
         for name in processes
@@ -238,9 +249,16 @@ async def test_twice_capacity_admits_what_it_can_serve_in_time_and_refuses_the_r
             "rss_mib_before": before,
             "rss_mib_after": after,
             "rss_growth_mib": growth,
+            "calls_by_ingress_replica": by_replica,
         },
     )
     assert saturated(normal), f"{factor}x the measured capacity never saturated the server"
+    # The shipped config keeps one ingress replica for realtime (ingress.realtime_replica):
+    # realtime went there alone, and the flood of the other classes never did.
+    kept, other = by_replica["realtime replica"], by_replica["other"]
+    assert kept.get("realtime", 0) > 0 and other.get("realtime", 0) == 0, by_replica
+    assert kept.get("normal", 0) == kept.get("batch", 0) == 0, by_replica
+    assert other.get("normal", 0) > 0, by_replica
     for label, result in results.items():
         unexpected = {s: n for s, n in result.all_status_counts.items() if s not in ALLOWED}
         assert not unexpected, f"{label}: statuses other than 200/429/503: {unexpected}"

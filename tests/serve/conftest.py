@@ -110,6 +110,11 @@ def serve_test_config(cross_encoder_dir: Path | None = None) -> dict:
     # get back, not admission: the reliability suite checks that on the shipped app, and
     # tests/integration/test_predicted_wait.py its rules.
     args["ingress"]["admission"]["predict_wait"] = False
+    # One ingress replica: these tests send realtime and other classes alike and read one
+    # replica's /v1/stats after. The replica kept for realtime is tested on the shipped app
+    # (tests/reliability/test_overload.py) and on the real HAProxy (tests/parts).
+    args["ingress"]["realtime_replica"] = False
+    args["ingress"]["deployment"]["num_replicas"] = 1
     batch = args["ingress"]["admission"]["batch"]
     batch.update(max_queued_items=BATCH_QUEUE_ITEMS, shed_above_queued_items=BATCH_QUEUE_ITEMS)
     # The result cache on one model only: the others' tests count what reaches their

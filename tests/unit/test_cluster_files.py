@@ -49,6 +49,9 @@ def without_resources(config: dict[str, Any]) -> list[dict[str, Any]]:
     """The applications with what the GPU profile may change taken out."""
     apps = copy.deepcopy(config["applications"])
     for app in apps:
+        # Whether an ingress replica is kept for realtime is how the ingress's replicas
+        # are used, as their number is.
+        app["args"]["ingress"].pop("realtime_replica", None)
         for owner in [app["args"]["ingress"], *model_entries(app)]:
             owner.pop("dtype", None)
             owner.pop("standby_replicas", None)  # a fixed count's; autoscaling has none

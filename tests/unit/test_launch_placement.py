@@ -50,7 +50,7 @@ def test_two_embedder_versions_on_two_cores_are_refused_with_the_arithmetic() ->
     assert any(
         "embedding model all-MiniLM-L6-v2@2" in line and "1 x CPU 1" in line for line in lines
     )
-    assert any("tributary: ingress" in line and "1 x CPU 0.5" in line for line in lines)
+    assert any("tributary: ingress" in line and "2 x CPU 0.25" in line for line in lines)
     assert any("generation model tiny-llama-demo" in line and "x nothing" in line for line in lines)
     assert "ray_actor_options" in lines[-1]
 
