@@ -16,12 +16,14 @@ REALTIME_INGRESS = "TRIBUTARY_REALTIME_INGRESS"
 def realtime_ingress_apps(config: Mapping[str, Any]) -> list[str]:
     """The names of the config's apps whose ingress asks for a realtime replica. The raw
     config is read, not validated: an app whose args are wrong fails at its build anyway."""
-    names = []
-    for application in config.get("applications") or []:
-        if application.get("import_path") != APP_BUILDER:
+    names: list[str] = []
+    applications = config.get("applications") if isinstance(config, Mapping) else None
+    for application in applications if isinstance(applications, list) else []:
+        if not isinstance(application, Mapping) or application.get("import_path") != APP_BUILDER:
             continue
-        ingress = (application.get("args") or {}).get("ingress") or {}
-        if ingress.get("realtime_replica") is True:
+        args = application.get("args")
+        ingress = args.get("ingress") if isinstance(args, Mapping) else None
+        if isinstance(ingress, Mapping) and ingress.get("realtime_replica") is True:
             names.append(str(application.get("name", "default")))
     return names
 

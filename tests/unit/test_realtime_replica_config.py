@@ -54,3 +54,6 @@ def test_the_launcher_names_the_apps_that_ask() -> None:
     assert realtime_environment(config) == {REALTIME_INGRESS: "tributary"}
     assert realtime_environment({"applications": [app("quiet", False)]}) == {}
     assert realtime_environment({}) == {}
+    # Not a Serve config at all: Serve says so later; nothing to tell HAProxy meanwhile.
+    for odd in ([], {"applications": "x"}, {"applications": [1, {"args": []}]}):
+        assert realtime_environment(odd) == {}  # type: ignore[arg-type]
