@@ -47,6 +47,9 @@ def nothing_fits() -> dict:
     args = config["applications"][0]["args"]
     for key in ("rerank_models", "generation_models"):
         args.pop(key)
+    # One replica of each, so the sum is the two claims.
+    args["ingress"]["realtime_replica"] = False
+    args["ingress"]["deployment"]["num_replicas"] = 1
     for deployment in (args["ingress"]["deployment"], args["embedding_models"][0]["deployment"]):
         deployment["ray_actor_options"]["num_cpus"] = CPUS + 1
     return config
