@@ -136,12 +136,7 @@ class IngressConfig(StrictModel):
 
     @model_validator(mode="after")
     def _realtime_replica_has_company(self) -> IngressConfig:
-        options = self.deployment
-        least = (
-            options.autoscaling_config.min_replicas
-            if options.autoscaling_config is not None
-            else options.num_replicas or 1
-        )
+        least = self.deployment.fewest_replicas
         if self.realtime_replica and least < 2:
             raise ValueError(
                 "realtime_replica keeps one ingress replica for realtime: give the ingress "

@@ -107,6 +107,21 @@ class DeploymentOptions(StrictModel):
             raise ValueError("set num_replicas or autoscaling_config, not both")
         return self
 
+    @property
+    def fewest_replicas(self) -> int:
+        """The fewest replicas Serve keeps running (autoscaling may not go below it)."""
+        if self.autoscaling_config is None:
+            return self.num_replicas or 1
+        return self.autoscaling_config.min_replicas
+
+    @property
+    def starting_replicas(self) -> int:
+        """The replicas Serve starts with: autoscaling's initial_replicas, else its floor."""
+        scaling = self.autoscaling_config
+        if scaling is not None and scaling.initial_replicas is not None:
+            return scaling.initial_replicas
+        return self.fewest_replicas
+
     def to_serve(self, busy_policy: bool = False) -> dict[str, Any]:
         """Serve's options; `busy_policy`: an encoder deployment, whose replicas report how
         busy they are to its autoscaling (`AutoscalingOptions.target_busy_share`)."""

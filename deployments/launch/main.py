@@ -32,10 +32,11 @@ import resource
 import signal
 import socket
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-import yaml
-
+from deployments.launch.config_file import ConfigFileError, load_config
 from deployments.launch.failed_start import FailedStartCheck
 from deployments.launch.output import announcer, quiet_shutdown_noise
 from deployments.launch.paths import (
@@ -213,6 +214,10 @@ def main(argv: list[str]) -> None:
     args, serve_args = parser.parse_known_args(argv)
     if not Path(args.config).is_file():
         parser.error(f"no such Serve config: {args.config}")
+    try:
+        config = load_config(Path(args.config))
+    except ConfigFileError as exc:
+        parser.error(str(exc))
     if args.metrics_port and not _port_is_free(args.metrics_port):
         # Ray would otherwise fail 30 s later with "the node timed out during startup".
         parser.error(
@@ -231,12 +236,11 @@ def main(argv: list[str]) -> None:
             # Else HAProxy fails to start inside Serve and Ray ends in a long traceback.
             parser.exit(2, f"{parser.prog}: error: {problem}\n")
         os.environ.update(haproxy_side_ports(os.environ))
-        config = yaml.safe_load(Path(args.config).read_text()) or {}
         for key, value in realtime_environment(config).items():
             os.environ.setdefault(key, value)
     instance = own_haproxy_dir(parser)
     try:
-        _serve(parser, args, serve_args)
+        _serve(parser, args, config, serve_args)
     finally:
         if instance is not None:
             # After Ray, so no HAProxy of ours still writes there.
@@ -263,7 +267,10 @@ def own_haproxy_dir(parser: argparse.ArgumentParser) -> tuple[Path, int] | None:
 
 
 def _serve(
-    parser: argparse.ArgumentParser, args: argparse.Namespace, serve_args: list[str]
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    config: Mapping[str, Any],
+    serve_args: list[str],
 ) -> None:
     # A shell starts background jobs with SIGINT ignored, and Python keeps an ignored
     # SIGINT ignored; restore Python's handler so `serve run` sees KeyboardInterrupt and
@@ -280,7 +287,6 @@ def _serve(
     # "serve": the namespace `serve run` itself would have joined.
     ray.init(address=address, namespace="serve", **(port if address == "local" else {}))
     quiet_shutdown_noise()
-    config = yaml.safe_load(Path(args.config).read_text()) or {}
     # Only a Ray of our own has no autoscaler that could add what is missing.
     if address == "local" and not args.no_placement_check:
         problem = placement_problem(config, ray.cluster_resources())

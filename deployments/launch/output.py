@@ -13,8 +13,10 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from deployments.launch.config_file import applications
 
 # Serve's own defaults when the config has no http_options (ray.serve.config.HTTPOptions).
 SERVE_DEFAULT_HOST = "127.0.0.1"
@@ -24,7 +26,7 @@ POLL_S = 0.5
 STATS_TIMEOUT_S = 10
 
 
-def base_url(config: dict[str, Any]) -> str:
+def base_url(config: Mapping[str, Any]) -> str:
     """Where the config serves HTTP; a wildcard address is shown as the local one, which
     is where a user on this machine reaches it."""
     options = config.get("http_options") or {}
@@ -37,10 +39,10 @@ def base_url(config: dict[str, Any]) -> str:
     return f"http://{host}:{port}"
 
 
-def model_names(config: dict[str, Any]) -> list[str]:
+def model_names(config: Mapping[str, Any]) -> list[str]:
     """Every model the config's applications serve, in config order."""
     names: list[str] = []
-    for application in config.get("applications") or []:
+    for application in applications(config):
         arguments = application.get("args") or {}
         for key in MODEL_LISTS:
             names += [str(model["name"]) for model in arguments.get(key) or [] if "name" in model]
@@ -100,7 +102,7 @@ def wait_then_announce(
     say(ready_line(url, models, stats(url)))
 
 
-def announcer(config: dict[str, Any], say: Callable[[str], None]) -> Callable[[], None]:
+def announcer(config: Mapping[str, Any], say: Callable[[str], None]) -> Callable[[], None]:
     """What says the ready line for `config`, once its applications run."""
     return lambda: wait_then_announce(base_url(config), model_names(config), say)
 

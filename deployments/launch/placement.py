@@ -22,14 +22,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from deployments.config import AppConfig, GenerationModelConfig, ModelDeploymentConfig
+from deployments.config import GenerationModelConfig, ModelDeploymentConfig
 from deployments.config.serve_options import DeploymentOptions
 from deployments.config.traffic import ModelAppConfig
+from deployments.launch.config_file import (
+    APP_BUILDER,
+    MODEL_APP_BUILDER,
+    app_name,
+    applications,
+    built_app_config,
+)
 from deployments.launch.start_watch import Verdict
 
-# The builders whose deployments are known from their args (deployments/app.py).
-APP_BUILDER = "deployments.app:build_app"
-MODEL_APP_BUILDER = "deployments.app:build_model_app"
 # Ray's resource names for ray_actor_options' num_cpus, num_gpus and memory (bytes).
 RESOURCES = ("CPU", "GPU", "memory")
 # What Serve writes into a deployment's status message while its replicas wait for room
@@ -60,14 +64,7 @@ def demand_of(label: str, options: DeploymentOptions, standby: int = 0) -> Deman
     """`standby`: a generation model's `standby_replicas`, started beside its count."""
     actor = options.ray_actor_options
     each = {"CPU": actor.num_cpus, "GPU": actor.num_gpus, "memory": float(actor.memory or 0)}
-    scaling = options.autoscaling_config
-    if scaling is None:
-        replicas = options.num_replicas or 1
-    else:  # Serve starts at initial_replicas, else min_replicas
-        replicas = (
-            scaling.min_replicas if scaling.initial_replicas is None else scaling.initial_replicas
-        )
-    return Demand(label, replicas + standby, each)
+    return Demand(label, options.starting_replicas + standby, each)
 
 
 def _model_demand(label: str, model: ModelDeploymentConfig) -> Demand:
@@ -84,25 +81,26 @@ def application_demands(application: Mapping[str, Any]) -> list[Demand] | None:
     known here (another builder, Serve-level `deployments:` overrides, args Serve itself
     will refuse)."""
     builder = application.get("import_path")
-    args = application.get("args") or {}
     if application.get("deployments") or builder not in (APP_BUILDER, MODEL_APP_BUILDER):
         return None
-    app = application.get("name", "default")
-    try:
-        if builder == MODEL_APP_BUILDER:
-            one = ModelAppConfig.model_validate(args)
-            models: list[tuple[str, ModelDeploymentConfig | None]] = [
-                ("embedding", one.embedding_model),
-                ("rerank", one.rerank_model),
-                ("generation", one.generation_model),
-            ]
-            return [
-                _model_demand(f"{app}: {_model_label(kind, model)}", model)
-                for kind, model in models
-                if model is not None
-            ]
-        config = AppConfig.model_validate(args)
-    except ValidationError:
+    app = app_name(application)
+    if builder == MODEL_APP_BUILDER:
+        try:
+            one = ModelAppConfig.model_validate(application.get("args") or {})
+        except ValidationError:
+            return None
+        models: list[tuple[str, ModelDeploymentConfig | None]] = [
+            ("embedding", one.embedding_model),
+            ("rerank", one.rerank_model),
+            ("generation", one.generation_model),
+        ]
+        return [
+            _model_demand(f"{app}: {_model_label(kind, model)}", model)
+            for kind, model in models
+            if model is not None
+        ]
+    config = built_app_config(application)
+    if config is None:
         return None
     demands = [demand_of(f"{app}: ingress", config.ingress.deployment)]
     for kind, listed in (
@@ -119,10 +117,10 @@ def config_demands(config: Mapping[str, Any]) -> tuple[list[Demand], list[str]]:
     applications that could not be counted."""
     demands: list[Demand] = []
     unknown: list[str] = []
-    for application in config.get("applications") or []:
+    for application in applications(config):
         found = application_demands(application)
         if found is None:
-            unknown.append(str(application.get("name", "default")))
+            unknown.append(app_name(application))
         else:
             demands += found
     return demands, unknown

@@ -8,23 +8,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from deployments.launch.placement import APP_BUILDER
+from deployments.launch.config_file import app_name, applications, built_app_config
 
 REALTIME_INGRESS = "TRIBUTARY_REALTIME_INGRESS"
 
 
 def realtime_ingress_apps(config: Mapping[str, Any]) -> list[str]:
-    """The names of the config's apps whose ingress asks for a realtime replica. The raw
-    config is read, not validated: an app whose args are wrong fails at its build anyway."""
+    """The names of the config's apps whose ingress asks for a realtime replica."""
     names: list[str] = []
-    applications = config.get("applications") if isinstance(config, Mapping) else None
-    for application in applications if isinstance(applications, list) else []:
-        if not isinstance(application, Mapping) or application.get("import_path") != APP_BUILDER:
-            continue
-        args = application.get("args")
-        ingress = args.get("ingress") if isinstance(args, Mapping) else None
-        if isinstance(ingress, Mapping) and ingress.get("realtime_replica") is True:
-            names.append(str(application.get("name", "default")))
+    for application in applications(config):
+        built = built_app_config(application)
+        if built is not None and built.ingress.realtime_replica:
+            names.append(app_name(application))
     return names
 
 

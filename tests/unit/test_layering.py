@@ -26,15 +26,19 @@ RANKS: dict[str, tuple[int, str]] = {
     "deployments.ingress": (3, "ingress"),
     "deployments.replicas": (3, "replicas"),
     "deployments.http": (4, "http"),
-    # What the launcher prints: below it, imports nothing of ours.
+    # The Serve config the launcher reads once, under every helper that looks at it.
+    "deployments.launch.config_file": (3, "launch-config-file"),
+    # What the launcher prints: below it, reads only the config.
     "deployments.launch.output": (4, "launch-output"),
     # The launcher's start-up watch (nothing of ours), below the two checks it runs.
     "deployments.launch.start_watch": (3, "launch-start-watch"),
     # The launcher's helpers below it: its instance's files (nothing of ours), what the
-    # config asks of the machine (reads the config) and replicas that fail to start.
+    # config asks of the machine, replicas that fail to start, and which apps keep an
+    # ingress replica for realtime.
     "deployments.launch.paths": (4, "launch-paths"),
     "deployments.launch.placement": (4, "launch-placement"),
     "deployments.launch.failed_start": (4, "launch-failed-start"),
+    "deployments.launch.realtime_front": (4, "launch-realtime-front"),
     "deployments.launch": (TOP := 5, "launch"),
 }
 

@@ -39,8 +39,12 @@ def test_an_autoscaled_ingress_of_two_or_more_may_keep_one() -> None:
 
 def test_the_launcher_names_the_apps_that_ask() -> None:
     def app(name: str, realtime: bool | None, builder: str = "deployments.app:build_app") -> dict:
-        ingress = {} if realtime is None else {"realtime_replica": realtime}
-        return {"name": name, "import_path": builder, "args": {"ingress": ingress}}
+        args = default_args()
+        if realtime is None:
+            args["ingress"].pop("realtime_replica", None)
+        else:
+            args["ingress"]["realtime_replica"] = realtime
+        return {"name": name, "import_path": builder, "args": args}
 
     config = {
         "applications": [
@@ -54,6 +58,10 @@ def test_the_launcher_names_the_apps_that_ask() -> None:
     assert realtime_environment(config) == {REALTIME_INGRESS: "tributary"}
     assert realtime_environment({"applications": [app("quiet", False)]}) == {}
     assert realtime_environment({}) == {}
+    # Args its build will refuse (one replica cannot keep one for realtime): not named.
+    lonely = app("lonely", True)
+    lonely["args"]["ingress"]["deployment"] = {"num_replicas": 1}
+    assert realtime_environment({"applications": [lonely]}) == {}
     # Not a Serve config at all: Serve says so later; nothing to tell HAProxy meanwhile.
-    for odd in ([], {"applications": "x"}, {"applications": [1, {"args": []}]}):
-        assert realtime_environment(odd) == {}  # type: ignore[arg-type]
+    for odd in ({"applications": "x"}, {"applications": [1, {"args": []}]}):
+        assert realtime_environment(odd) == {}
