@@ -76,7 +76,7 @@ ERROR_DIR = Path(__file__).resolve().parents[1] / "static" / "errors"
 BACKPRESSURE = ERROR_DIR / "backpressure.response"
 SECTION = re.compile(r"^[A-Za-z]")  # a section keyword starts a line; its settings are indented
 ERRORFILE = re.compile(r"^\s+errorfile\s+(\d{3})\s")
-SERVER = re.compile(r"^\s+server\s+\S+\s+\S+")
+SERVER = re.compile(r"^\s+server\s+(\S+)\s+\S+")
 # The backend Serve's frontend falls back to when no app route matches.
 DEFAULT_BACKEND = "default_backend"
 NOT_FOUND = re.compile(r"^\s+http-request\s+return\s+status\s+404\b")
@@ -140,17 +140,14 @@ def realtime_apps(environ: Mapping[str, str]) -> frozenset[str]:
 def realtime_replica(servers: list[str]) -> list[str]:
     """A backend's server lines with its first ingress replica kept for realtime, when
     it has two or more; else as they are."""
-    replicas = sorted(
-        line.split()[1]
-        for line in servers
-        if SERVER.match(line) and line.split()[1].startswith(REPLICA_PREFIX)
-    )
+    names = [_server_name(line) for line in servers]
+    replicas = sorted(name for name in names if name and name.startswith(REPLICA_PREFIX))
     if len(replicas) < 2:
         return servers
     kept = replicas[0]
     out = [
-        f"{line} weight 0" if SERVER.match(line) and line.split()[1] == kept else line
-        for line in servers
+        f"{line} weight 0" if name == kept else line
+        for line, name in zip(servers, names, strict=True)
     ]
     return [*out, f"    use-server {kept} if {{ req.hdr(x-priority) -m str -i realtime }}"]
 
@@ -253,6 +250,16 @@ def _keyword(section: list[str]) -> str:
     return section[0].split()[0] if section and SECTION.match(section[0]) else ""
 
 
+def _section_name(section: list[str]) -> str:
+    """What follows the keyword: a backend's name."""
+    return " ".join(section[0].split()[1:]) if section else ""
+
+
+def _server_name(line: str) -> str | None:
+    server = SERVER.match(line)
+    return server.group(1) if server else None
+
+
 def routes_to_an_app(sections: list[list[str]]) -> bool:
     """Whether any frontend sends requests to a backend of Serve's by its rules (Serve
     writes one `use_backend` line per app route) rather than only to its default."""
@@ -285,7 +292,7 @@ def patch_config(
     for section in sections:
         keyword = _keyword(section)
         head, body = section[:1], section[1:]
-        if starting and keyword == "backend" and section[0].split()[1:] == [DEFAULT_BACKEND]:
+        if starting and keyword == "backend" and _section_name(section) == DEFAULT_BACKEND:
             # In place of Serve's unconditional `return status 404` (HAProxy warns about a
             # rule after an unconditional return).
             kept = [line for line in body if not NOT_FOUND.match(line)]
@@ -299,7 +306,7 @@ def patch_config(
             out += [*head, json_backpressure(), *body]
         elif keyword == "backend" and any(SERVER.match(line) for line in body):
             servers = [_with_maxconn(line, bounds.ingress_maxconn) for line in body]
-            if section[0].split()[1:] and section[0].split()[1] in realtime_backends:
+            if _section_name(section) in realtime_backends:
                 servers = realtime_replica(servers)
             out += head + front_shedding() + bounded_queue(bounds) + servers
         else:
