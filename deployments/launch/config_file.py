@@ -20,12 +20,16 @@ MODEL_APP_BUILDER = "deployments.app:build_model_app"
 
 
 class ConfigFileError(ValueError):
-    """The file is not YAML."""
+    """The file cannot be read, or is not YAML."""
 
 
 def load_config(path: Path) -> dict[str, Any]:
     try:
-        loaded = yaml.safe_load(path.read_text())
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigFileError(f"cannot read {path}: {exc}") from exc
+    try:
+        loaded = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigFileError(f"{path} is not YAML: {exc}") from exc
     return loaded if isinstance(loaded, dict) else {}

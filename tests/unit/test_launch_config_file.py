@@ -26,6 +26,13 @@ def test_a_file_that_is_not_yaml_is_named_with_the_parser_s_reason(tmp_path: Pat
         load_config(broken)
 
 
+def test_a_file_that_is_not_text_is_named(tmp_path: Path) -> None:
+    binary = tmp_path / "weights.yaml"
+    binary.write_bytes(b"\xff\xfe\x00\x80")
+    with pytest.raises(ConfigFileError, match=r"cannot read .*weights\.yaml"):
+        load_config(binary)
+
+
 def test_the_launcher_refuses_a_file_that_is_not_yaml_before_starting_ray(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
