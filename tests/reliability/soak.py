@@ -113,6 +113,24 @@ def _label(command: str) -> str:
     return f"{name} {Path(module).name}" if module and name.startswith("python") else name
 
 
+def realtime_ingress(server: Server) -> dict[str, int]:
+    """The ingress replica kept for realtime, labelled by its role so that its RSS reads
+    apart from the other's; empty when one replica answers both (or /v1/stats names no
+    pid: the Batch API's dispatcher is where an ingress replica reports its own)."""
+    pids = []
+    for headers in ({"X-Priority": "realtime"}, {}):
+        try:
+            stats = httpx.get(f"{server.url}/v1/stats", headers=headers, timeout=10).json()
+        except (httpx.HTTPError, ValueError):
+            return {}  # a label, not a goal: the soak goes on without it
+        batches = stats.get("batches") if isinstance(stats, dict) else None
+        pids.append(batches.get("pid") if isinstance(batches, dict) else None)
+    kept, other = pids
+    if not isinstance(kept, int) or kept == other:
+        return {}
+    return {f"{_label(cmdline(kept))} (realtime)": kept}
+
+
 def served_models(server: Server) -> dict[str, str]:
     listed = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"]
     return {entry["task"]: entry["id"] for entry in listed}
@@ -145,13 +163,15 @@ async def soak(server: Server, redis: Redis, minutes: int) -> dict[str, Any]:
         down = await asyncio.to_thread(redis.restart)
         faults["redis_restart"] = {"at_s": round(down - start, 1), "down": down}
 
+    roles = await asyncio.to_thread(realtime_ingress, server)
     injector = asyncio.create_task(inject())
     per_minute: list[dict[str, Any]] = []
     totals: dict[str, Tally] = {}
     for minute in range(1, minutes + 1):
         load = streams(models, capacity, minute)
         tallies = await asyncio.gather(*(s.minute(server, MINUTE_S) for s in load))
-        rss = rss_by_process(server, {"redis-server": redis.process.pid if redis.process else 0})
+        redis_pid = redis.process.pid if redis.process else 0  # a new one after its restart
+        rss = rss_by_process(server, {"redis-server": redis_pid, **roles})
         entry = {
             "minute": minute,
             "at_s": round(time.monotonic() - start, 1),
