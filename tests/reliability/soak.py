@@ -32,7 +32,7 @@ import httpx
 from bench.loadgen import embedding_bodies, run_closed_loop
 from bench.server import Server, descendants, load_config, running_server
 from bench.texts import sentences
-from tests.reliability.procs import cmdline, rss_mib
+from tests.reliability.procs import cmdline, realtime_ingress_pid, rss_mib
 from tests.reliability.replica_kill import KillRun
 from tests.reliability.report import RESULTS_DIR
 from tests.reliability.soak_faults import (
@@ -115,20 +115,9 @@ def _label(command: str) -> str:
 
 def realtime_ingress(server: Server) -> dict[str, int]:
     """The ingress replica kept for realtime, labelled by its role so that its RSS reads
-    apart from the other's; empty when one replica answers both (or /v1/stats names no
-    pid: the Batch API's dispatcher is where an ingress replica reports its own)."""
-    pids = []
-    for headers in ({"X-Priority": "realtime"}, {}):
-        try:
-            stats = httpx.get(f"{server.url}/v1/stats", headers=headers, timeout=10).json()
-        except (httpx.HTTPError, ValueError):
-            return {}  # a label, not a goal: the soak goes on without it
-        batches = stats.get("batches") if isinstance(stats, dict) else None
-        pids.append(batches.get("pid") if isinstance(batches, dict) else None)
-    kept, other = pids
-    if not isinstance(kept, int) or kept == other:
-        return {}
-    return {f"{_label(cmdline(kept))} (realtime)": kept}
+    apart from the other's; empty when there is no such replica."""
+    kept = realtime_ingress_pid(server)
+    return {} if kept is None else {f"{_label(cmdline(kept))} (realtime)": kept}
 
 
 def served_models(server: Server) -> dict[str, str]:

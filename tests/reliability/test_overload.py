@@ -27,7 +27,7 @@ from bench.texts import sentences
 from deployments.config import AppConfig
 from deployments.core.priority import PriorityName
 from tests.reliability import report
-from tests.reliability.procs import find, rss_mib
+from tests.reliability.procs import find, realtime_ingress_pid, rss_mib
 from tests.reliability.settings import is_full, sizes
 
 pytestmark = pytest.mark.reliability
@@ -73,7 +73,11 @@ def targets_ms() -> dict[PriorityName, float]:
 def watched_processes(server: Server, embedder: str) -> dict[str, int]:
     stats = httpx.get(f"{server.url}/v1/stats", timeout=10).json()
     found = {"embedding replica": int(stats["models"][embedder]["replica"]["pid"])}
-    for number, pid in enumerate(find(server, "ServeReplica:tributary:ingress"), start=1):
+    kept = realtime_ingress_pid(server)
+    others = [p for p in find(server, "ServeReplica:tributary:ingress") if p != kept]
+    if kept is not None:
+        found["ingress replica (realtime)"] = kept
+    for number, pid in enumerate(others, start=1):
         found[f"ingress replica {number}"] = pid
     haproxy = find(server, "haproxy")
     if haproxy:
