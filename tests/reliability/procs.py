@@ -1,5 +1,6 @@
 """The processes of a running server, found from the launch process down (/proc), and
-their resident memory."""
+their resident memory; the one ingress replica kept for realtime, which only the server knows,
+is asked of its /v1/stats."""
 
 from __future__ import annotations
 
