@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.loadgen import embedding_bodies, run_closed_loop
 from bench.server import ROOT, Server, load_config, running_server
@@ -200,6 +201,22 @@ def served_loads(server: Server, model: str, duration_s: float) -> dict[str, Any
     return results
 
 
+def rejections_by_reason(server: Server) -> dict[str, float]:
+    """Requests the ingress answered without a result since it started, by class and reason
+    (`tributary_rejections`): a load's counts say 429, not whether it was shed, a full queue
+    or a rate limit. The front door's refusals (HAProxy's, in --mode throughput) never reach
+    the ingress and are not among them. Replicas hand their counts to Prometheus every few
+    seconds, so the last seconds of the last load may be missing."""
+    text = httpx.get(server.metrics_url, timeout=30).text
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "ray_tributary_rejections_total":
+                key = f"{sample.labels.get('priority')}/{sample.labels.get('reason')}"
+                counts[key] = counts.get(key, 0.0) + sample.value
+    return counts
+
+
 def bare_texts_per_s(source: str, rounds: int = 5) -> dict[str, float]:
     """The same model on the same card, fp16 as `dtype: auto` serves it, no server."""
     embedder = SentenceEmbedder(resolve_model_source(source), device="cuda", dtype=torch.float16)
@@ -307,11 +324,12 @@ def main(argv: list[str] | None = None) -> None:
                 report["served"] = _attempt(
                     lambda: served_loads(server, names["embedding"], args.duration)
                 )
+                report["rejections"] = _attempt(lambda: rejections_by_reason(server))
             if args.memory_fence is not None:
                 report["memory_faults"] = _attempt(
                     lambda: memory_faults(server, names["embedding"], 256)
                 )
-            report["gpu_mib_after_load"] = gpu_memory_by_pid()
+            report["gpu_mib_after_load"] = _attempt(gpu_memory_by_pid)
         finally:
             if args.log_copy:
                 shutil.copy(server.log, args.log_copy)
