@@ -8,6 +8,9 @@ allocate". Only these are split and retried; any other error still fails the bat
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import logging
 import re
 import resource
@@ -58,8 +61,33 @@ def apply_memory_limit(limit_mib: int | None) -> str | None:
     if not sys.platform.startswith("linux"):
         logger.warning("memory_limit_mib ignored: it needs Linux (RLIMIT_AS)")
         return None
+    _return_large_blocks()
     with open("/proc/self/status") as status:
         size_kib = next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
     limit = size_kib * 1024 + limit_mib * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
     return f"address space {size_kib // 1024} MiB + memory_limit_mib {limit_mib}"
+
+
+# glibc's mallopt parameters (malloc.h).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+# Blocks from this size up get a mapping of their own, handed back when freed.
+_LARGE_BLOCK_BYTES = 256 * 1024
+
+
+def _return_large_blocks() -> None:
+    """glibc only: a pass's large blocks get mappings of their own, unmapped when freed.
+    By default glibc raises its mapping threshold to the size of each large block freed,
+    so after one big pass blocks of that size come from the heap and stay there: the
+    address space a fence allows is then spent for good, and the process's next small
+    mapping (a thread's stack, Ray's or gRPC's) fails and aborts the replica. Fixing the
+    threshold (which also stops it sliding) keeps the fence's room for the next pass."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    with contextlib.suppress(OSError, AttributeError):  # AttributeError: another libc
+        libc = ctypes.CDLL(name)
+        libc.mallopt(_M_MMAP_THRESHOLD, _LARGE_BLOCK_BYTES)
+        libc.mallopt(_M_TRIM_THRESHOLD, 2 * _LARGE_BLOCK_BYTES)
+        libc.malloc_trim(0)

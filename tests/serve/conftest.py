@@ -26,7 +26,7 @@ RERANK_MODEL = "minilm-rerank"  # the default app's bi-encoder reranker
 CROSS_MODEL = "tiny-cross-encoder"  # built by the session, random weights
 STATIC_LLM = "tiny-llama-static"  # the default app's demo LLM on the static engine
 FENCED_MODEL = "minilm-fenced"  # MiniLM whose replica runs under a tight memory limit
-FENCED_HEADROOM_MIB = 150
+FENCED_HEADROOM_MIB = 100
 STRICT_BUDGET_MIB = 200  # the strict MiniLM's memory_budget_mib: its warm-up probes memory
 
 # Test keys, known to the test server only as their digests.
