@@ -43,8 +43,7 @@ class CausalLM:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.tokenizer.padding_side = "left"
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-        # transformers types .to() through a decorator that loses the device overload.
-        self.model = model.to(device).eval()  # type: ignore[arg-type]
+        self.model = model.to(device).eval()
         self.device = device
         config = self.model.config.get_text_config()
         window = getattr(config, "max_position_embeddings", None) or self.tokenizer.model_max_length
