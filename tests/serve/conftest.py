@@ -1,11 +1,15 @@
-"""Starts the real application once per session, through `python -m deployments.launch`
+"""Starts the real application once for this folder, through `python -m deployments.launch`
 (what `make serve` runs), on a config derived from serve_config.yaml with a free port, a
 second, strict copy of MiniLM (`truncate: false`, `accept_token_ids: true`, a memory budget
 that its warm-up probe turns into a token ceiling), a third under a tight memory limit, the
 demo LLM a second time on the static engine, API keys for three tenants and a small
 batch-class queue (so a flood is quick to make), and a small cross-encoder reranker built
-into a temporary directory at session start. Stops it with Ctrl-C, as a user would; the
-fixture fails if any process it started outlives that."""
+into a temporary directory. Stops it with Ctrl-C, as a user would, once this folder's last
+test is done; the fixture fails if any process it started outlives that.
+
+The folder's tests that start apps of their own run first (`pytest_collection_modifyitems`),
+so that no two apps share the two cores: the shared one, idle, still kept ~18 % of them busy,
+and it used to stay up through those tests and the unit tests after."""
 
 from __future__ import annotations
 
@@ -123,12 +127,30 @@ def serve_test_config(cross_encoder_dir: Path | None = None) -> dict:
     return config
 
 
-@pytest.fixture(scope="session")
+def uses_the_shared_app(item: pytest.Item) -> bool:
+    """Whether the test's `server`, if any, is this folder's shared app (a module's own
+    `server` fixture is defined in that module, so its baseid names the file)."""
+    info = getattr(item, "_fixtureinfo", None)
+    definitions = info.name2fixturedefs.get("server") if info is not None else None
+    return bool(definitions) and not definitions[-1].baseid.endswith(".py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """In this folder, the tests that start apps of their own (or none) before the ones on
+    the shared app; the order within each group stays."""
+    folder = Path(__file__).parent
+    places = [i for i, item in enumerate(items) if Path(str(item.fspath)).parent == folder]
+    ordered = sorted((items[i] for i in places), key=uses_the_shared_app)
+    for place, item in zip(places, ordered, strict=True):
+        items[place] = item
+
+
+@pytest.fixture(scope="package")
 def cross_encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_cross_encoder(tmp_path_factory.mktemp("models") / "cross")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def server(tmp_path_factory: pytest.TempPathFactory, cross_encoder_dir: Path) -> Iterator[Server]:
     config = serve_test_config(cross_encoder_dir)
     with running_server(config, tmp_path_factory.mktemp("serve")) as server:
