@@ -14,12 +14,14 @@ import torch
 from deployments.backends.encoders.sentence_embedder import SentenceEmbedder
 from deployments.backends.sources import resolve_model_source
 from deployments.core.memory.split_retry import run_split
+from deployments.core.process_status import status_kib
 from deployments.replicas.memory import apply_memory_limit, is_memory_fault
 
 
 def vm_size_kib() -> int:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
+    size = status_kib("VmSize")
+    assert size is not None, "no VmSize: the probe runs on Linux only"
+    return size
 
 
 def main() -> None:
