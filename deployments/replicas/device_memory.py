@@ -19,9 +19,6 @@ miss torch's allocations altogether. Where the peak cannot be reset (not Linux),
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import ctypes.util
 import logging
 import resource
 import sys
@@ -33,7 +30,7 @@ import torch
 
 from deployments.core.memory.token_ceiling import TokenCeiling, gpu_allowance, probe_ceiling
 from deployments.core.process_status import status_kib
-from deployments.replicas.memory import is_memory_fault, release_cached_memory
+from deployments.replicas.memory import is_memory_fault, release_cached_memory, trim_heap
 
 logger = logging.getLogger("ray.serve")
 
@@ -67,15 +64,6 @@ def _lifetime_peak_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024  # bytes there, KiB on Linux
 
 
-def _trim_heap() -> None:
-    """glibc only: return the heap's free pages to the system, so the RSS is what is used."""
-    name = ctypes.util.find_library("c")
-    if name is None or not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):  # AttributeError: another libc
-        ctypes.CDLL(name).malloc_trim(0)
-
-
 class DeviceMemory:
     """One replica's device: `measure` for the probe, `snapshot` for /v1/stats."""
 
@@ -91,7 +79,7 @@ class DeviceMemory:
     def settle(self) -> int:
         """Before a series of `measure`s on a CPU: trims the heap and returns the RSS that
         every pass is measured from."""
-        _trim_heap()
+        trim_heap()
         self._base = self.rss_bytes() or 0
         return self._base
 

@@ -76,6 +76,25 @@ _M_MMAP_THRESHOLD = -3
 _LARGE_BLOCK_BYTES = 256 * 1024
 
 
+def _libc() -> ctypes.CDLL | None:
+    """The C library on Linux, where ctypes finds it; None elsewhere."""
+    name = ctypes.util.find_library("c")
+    if name is None or not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
+
+
+def trim_heap() -> None:
+    """glibc only: return the heap's free pages to the system, so the RSS is what is used."""
+    libc = _libc()
+    if libc is not None:
+        with contextlib.suppress(AttributeError):  # another libc
+            libc.malloc_trim(0)
+
+
 def _return_large_blocks() -> None:
     """glibc only: a pass's large blocks get mappings of their own, unmapped when freed.
     By default glibc raises its mapping threshold to the size of each large block freed,
@@ -83,11 +102,10 @@ def _return_large_blocks() -> None:
     address space a fence allows is then spent for good, and the process's next small
     mapping (a thread's stack, Ray's or gRPC's) fails and aborts the replica. Fixing the
     threshold (which also stops it sliding) keeps the fence's room for the next pass."""
-    name = ctypes.util.find_library("c")
-    if name is None:
+    libc = _libc()
+    if libc is None:
         return
-    with contextlib.suppress(OSError, AttributeError):  # AttributeError: another libc
-        libc = ctypes.CDLL(name)
+    with contextlib.suppress(AttributeError):  # another libc
         libc.mallopt(_M_MMAP_THRESHOLD, _LARGE_BLOCK_BYTES)
         libc.mallopt(_M_TRIM_THRESHOLD, 2 * _LARGE_BLOCK_BYTES)
-        libc.malloc_trim(0)
+    trim_heap()
