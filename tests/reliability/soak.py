@@ -32,6 +32,7 @@ import httpx
 from bench.loadgen import embedding_bodies, run_closed_loop
 from bench.server import Server, descendants, load_config, running_server
 from bench.texts import sentences
+from tests.reliability.memory_map import rss_by_kind
 from tests.reliability.procs import cmdline, realtime_ingress_pid, rss_mib
 from tests.reliability.replica_kill import KillRun
 from tests.reliability.report import RESULTS_DIR
@@ -89,15 +90,32 @@ def streams(models: dict[str, str], capacity: float, minute: int) -> list[Any]:
     ]  # fmt: skip
 
 
-def rss_by_process(server: Server, extra: dict[str, int]) -> dict[str, float]:
-    found: dict[str, float] = {}
+def labelled_pids(server: Server, extra: dict[str, int]) -> dict[str, int]:
+    """The server's processes by label (the pid added where two share a name), `extra` too."""
     pids = {pid: _label(cmdline(pid)) for pid in descendants(server.process.pid)}
     pids.update({pid: name for name, pid in extra.items()})
+    found: dict[str, int] = {}
     for pid, name in sorted(pids.items()):
+        found[name if name not in found else f"{name} ({pid})"] = pid
+    return found
+
+
+def rss_by_process(pids: dict[str, int]) -> dict[str, float]:
+    found: dict[str, float] = {}
+    for name, pid in pids.items():
         mib = rss_mib(pid)
         if mib is not None and mib > 1:
-            key = name if name not in found else f"{name} ({pid})"
-            found[key] = round(mib, 1)
+            found[name] = round(mib, 1)
+    return found
+
+
+def replicas_by_kind(pids: dict[str, int]) -> dict[str, dict[str, float]]:
+    """Each Serve replica's resident memory by kind of mapping (memory_map.py)."""
+    found = {}
+    for name, pid in pids.items():
+        kinds = rss_by_kind(pid) if "ServeReplica:" in name else None
+        if kinds is not None:
+            found[name] = kinds
     return found
 
 
@@ -160,12 +178,14 @@ async def soak(server: Server, redis: Redis, minutes: int) -> dict[str, Any]:
         load = streams(models, capacity, minute)
         tallies = await asyncio.gather(*(s.minute(server, MINUTE_S) for s in load))
         redis_pid = redis.process.pid if redis.process else 0  # a new one after its restart
-        rss = rss_by_process(server, {"redis-server": redis_pid, **roles})
+        pids = labelled_pids(server, {"redis-server": redis_pid, **roles})
+        rss = rss_by_process(pids)
         entry = {
             "minute": minute,
             "at_s": round(time.monotonic() - start, 1),
             "streams": {s.name: t.figures() for s, t in zip(load, tallies, strict=True)},
             "rss_mib": rss,
+            "replica_rss_by_kind_mib": replicas_by_kind(pids),
         }
         per_minute.append(entry)
         print(json.dumps(entry, default=str), flush=True)
@@ -214,7 +234,11 @@ def goals(result: dict[str, Any]) -> list[str]:
     growth = {
         name: round(last[name] - mib, 1) for name, mib in base["rss_mib"].items() if name in last
     }
-    result["rss_growth_mib"] = {"from_minute": base["minute"], "growth": growth}
+    result["rss_growth_mib"] = {
+        "from_minute": base["minute"],
+        "growth": growth,
+        "replicas_by_kind": kind_growth(base, minutes[-1]),
+    }
     grown = {name: g for name, g in growth.items() if g > RSS_GROWTH_MIB}
     if grown:
         failed.append(f"RSS grew more than {RSS_GROWTH_MIB} MiB: {grown}")
@@ -223,6 +247,16 @@ def goals(result: dict[str, Any]) -> list[str]:
         if recovery is None or recovery > RECOVERY_S:
             failed.append(f"{fault}: recovered after {recovery} s (goal {RECOVERY_S} s)")
     return failed
+
+
+def kind_growth(base: dict[str, Any], last: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Each replica's growth by kind of mapping, between two minutes' figures."""
+    before, after = base["replica_rss_by_kind_mib"], last["replica_rss_by_kind_mib"]
+    return {
+        name: {kind: round(after[name][kind] - mib, 1) for kind, mib in kinds.items()}
+        for name, kinds in before.items()
+        if name in after
+    }
 
 
 def main() -> int:
