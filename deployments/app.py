@@ -15,6 +15,8 @@ from ray.serve.deployment import Deployment
 from deployments.backends.generation.demo_llm import DEMO_PREFIX
 from deployments.backends.sources import ModelSourceError, resolve_model_source
 from deployments.config import AppConfig, GenerationModelConfig, ModelDeploymentConfig
+from deployments.config.allocator import Allocator, with_allocator
+from deployments.config.encoders import EncoderModelConfig
 from deployments.config.traffic import ModelAppConfig
 from deployments.core.protocol import BatchedModel
 from deployments.http.server import HttpIngress
@@ -40,21 +42,24 @@ def build_app(args: dict[str, Any]) -> Application:
     build_access_control(config.auth)
     names = _DeploymentNames()
     config = with_device_arbiter(config)
+    malloc = config.allocator
     embedders = {
-        version_key(m.name, m.version): _model_deployment(Embedder, names("embed", m), m)
+        version_key(m.name, m.version): _model_deployment(Embedder, names("embed", m), m, malloc)
         for m in config.embedding_models
     }
     rerankers = {
-        version_key(m.name, m.version): _model_deployment(Reranker, names("rerank", m), m)
+        version_key(m.name, m.version): _model_deployment(Reranker, names("rerank", m), m, malloc)
         for m in config.rerank_models
     }
     generators = {
-        version_key(m.name, m.version): _generator(names("generate", m), m)
+        version_key(m.name, m.version): _generator(names("generate", m), m, malloc)
         for m in config.generation_models
     }
-    ingress = _deployment(serve.ingress()(HttpIngress)).options(
-        name="ingress", **config.ingress.deployment.to_serve()
+    ingress_options = config.ingress.deployment.to_serve()
+    ingress_options["ray_actor_options"] = with_allocator(
+        ingress_options["ray_actor_options"], malloc
     )
+    ingress = _deployment(serve.ingress()(HttpIngress)).options(name="ingress", **ingress_options)
     return ingress.bind(
         ingress_args(config),
         embedders=embedders,
@@ -96,19 +101,19 @@ def build_model_app(args: dict[str, Any]) -> Application:
     (docs/operations.md, "Gray release"). Adding or removing such an application leaves
     every other application's replicas as they are."""
     config = ModelAppConfig.model_validate(args)
+    malloc = config.allocator
     if config.embedding_model is not None:
-        _check_source("embedding", config.embedding_model)
-        return _model_deployment(
-            Embedder, _version_name("embed", config.embedding_model), config.embedding_model
-        )
+        model = config.embedding_model
+        _check_source("embedding", model)
+        return _model_deployment(Embedder, _version_name("embed", model), model, malloc)
     if config.rerank_model is not None:
-        _check_source("rerank", config.rerank_model)
-        return _model_deployment(
-            Reranker, _version_name("rerank", config.rerank_model), config.rerank_model
-        )
+        reranker = config.rerank_model
+        _check_source("rerank", reranker)
+        return _model_deployment(Reranker, _version_name("rerank", reranker), reranker, malloc)
     assert config.generation_model is not None
-    _check_source("generation", config.generation_model)
-    return _generator(_version_name("generate", config.generation_model), config.generation_model)
+    generation = config.generation_model
+    _check_source("generation", generation)
+    return _generator(_version_name("generate", generation), generation, malloc)
 
 
 class _DeploymentNames:
@@ -138,11 +143,12 @@ def _check_source(kind: str, model: Any) -> None:
         raise ModelSourceError(f"{kind} model {model.name!r}: {exc}") from None
 
 
-def _generator(name: str, model: GenerationModelConfig) -> Application:
+def _generator(name: str, model: GenerationModelConfig, allocator: Allocator) -> Application:
     # The queue limits are the generator's user_config, changeable without a restart. The
     # router sends a stop note to the replica that runs its generation, and keeps the
     # standby replicas out of the calls while enough others are up.
     options = model.deployment.to_serve()
+    options["ray_actor_options"] = with_allocator(options["ray_actor_options"], allocator)
     router: dict[str, Any] = {"request_router_class": GENERATION_ROUTER}
     if model.standby_replicas:  # a fixed count (config/generation.py): to_serve set it
         serving = options["num_replicas"]
@@ -161,18 +167,20 @@ def _generator(name: str, model: GenerationModelConfig) -> Application:
 
 
 def _model_deployment(
-    cls: type[BatchedModel[Any, Any]], name: str, model: ModelDeploymentConfig
+    cls: type[BatchedModel[Any, Any]],
+    name: str,
+    model: ModelDeploymentConfig,
+    allocator: Allocator,
 ) -> Application:
     # Batch knobs travel only as each model deployment's user_config: changing them with
     # `serve deploy` then reconfigures the running replicas in place, where a change to
     # any constructor argument would restart them.
+    options = model.deployment.to_serve(busy_policy=True)
+    fenced = isinstance(model, EncoderModelConfig) and model.memory_limit_mib is not None
+    options["ray_actor_options"] = with_allocator(options["ray_actor_options"], allocator, fenced)
     return (
         _deployment(cls)
-        .options(
-            name=name,
-            user_config=model.batching.model_dump(),
-            **model.deployment.to_serve(busy_policy=True),
-        )
+        .options(name=name, user_config=model.batching.model_dump(), **options)
         .bind(model.model_dump(exclude={"batching"}))
     )
 

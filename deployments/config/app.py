@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from pydantic import Field, model_validator
 
+from deployments.config.allocator import Allocator
 from deployments.config.base import ModelDeploymentConfig
 from deployments.config.batches import BatchesConfig
 from deployments.config.cache import CacheConfig
@@ -208,6 +209,12 @@ class AppConfig(StrictModel):
     batches: BatchesConfig = BatchesConfig()  # the OpenAI Batch API (config/batches.py)
     # Turns at a device the models share (config/device.py).
     device_arbiter: DeviceArbiterConfig = DeviceArbiterConfig()
+    allocator: Allocator = Field(
+        "jemalloc",
+        description="The malloc of every replica: jemalloc (Ray's own copy, preloaded; glibc's "
+        "arenas let replicas' memory creep by tens of MiB an hour) or the system's "
+        "(config/allocator.py).",
+    )
     # Any non-empty combination of tasks is an app; see _serves_a_model.
     embedding_models: list[EmbeddingModelConfig] = Field(default_factory=list)
     rerank_models: list[RerankModelConfig] = Field(default_factory=list)

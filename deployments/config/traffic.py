@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from deployments.config.allocator import Allocator
 from deployments.config.app import EmbeddingModelConfig, GenerationModelConfig, RerankModelConfig
 from deployments.config.strict import StrictModel
 
@@ -99,6 +100,7 @@ class ModelAppConfig(StrictModel):
     embedding_model: EmbeddingModelConfig | None = None
     rerank_model: RerankModelConfig | None = None
     generation_model: GenerationModelConfig | None = None
+    allocator: Allocator = Field("jemalloc", description="As the main app's `allocator`.")
 
     @model_validator(mode="after")
     def _one_model(self) -> ModelAppConfig:

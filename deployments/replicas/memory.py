@@ -87,8 +87,20 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
+# jemalloc's mallctl index for "every arena" (MALLCTL_ARENAS_ALL).
+_ALL_ARENAS = 4096
+
+
 def trim_heap() -> None:
-    """glibc only: return the heap's free pages to the system, so the RSS is what is used."""
+    """Return the allocator's free pages to the system, so the RSS is what is used:
+    jemalloc's, where it was preloaded (config/allocator.py), by purging every arena;
+    else glibc's, by malloc_trim."""
+    if not sys.platform.startswith("linux"):
+        return
+    mallctl = getattr(ctypes.CDLL(None), "mallctl", None)
+    if mallctl is not None:
+        mallctl(f"arena.{_ALL_ARENAS}.purge".encode(), None, None, None, 0)
+        return
     libc = _libc()
     if libc is not None:
         with contextlib.suppress(AttributeError):  # another libc

@@ -68,14 +68,14 @@ def test_standby_replicas_are_started_beside_the_serving_count() -> None:
     from deployments.app import _generator
 
     model = generation(standby_replicas=1, deployment={"num_replicas": 2})
-    deployment = _generator("generate", model)._bound_deployment
+    deployment = _generator("generate", model, "system")._bound_deployment
     assert deployment.num_replicas == 3
     router = deployment._deployment_config.request_router_config
     assert router.request_router_kwargs == {"serving_replicas": 2}
     # The launcher's count of what the config asks includes them.
     assert demand_of("llm", model.deployment, model.standby_replicas).replicas == 3
     # Without standby replicas, Serve's count is the config's and no kwargs go to the router.
-    plain = _generator("generate", generation())._bound_deployment
+    plain = _generator("generate", generation(), "system")._bound_deployment
     assert plain.num_replicas == 1
     assert plain._deployment_config.request_router_config.request_router_kwargs == {}
 

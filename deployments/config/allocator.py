@@ -1,0 +1,52 @@
+"""Which malloc the replicas run on: jemalloc, the copy Ray's wheel carries, by default.
+
+Under the soak's hour of mixed load, glibc's malloc let the embedder's RSS climb 10-25 MiB
+an hour and wander by 40 MiB, in its per-thread arenas, while jemalloc's heap profile of the
+same replica found the memory in use flat (docs/reliability.md, "The replicas on jemalloc").
+What grew was the allocator's own keeping across arenas, not the server's data, so the
+remedy is the allocator: preloaded into each replica's process at its start.
+
+Ray ships `ray/core/libjemalloc.so` (exporting malloc and free) in its Linux wheels, so the
+default needs nothing beyond `pip install ray[serve]`; where it is missing, or on another
+system, the replicas keep the system's malloc.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+Allocator = Literal["jemalloc", "system"]
+
+PRELOAD = "LD_PRELOAD"
+
+
+def jemalloc_path() -> Path | None:
+    """Ray's own jemalloc, where this platform's wheel carries it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ray
+
+    path = Path(ray.__file__).parent / "core" / "libjemalloc.so"
+    return path if path.is_file() else None
+
+
+def with_allocator(
+    actor_options: dict[str, Any], allocator: Allocator, address_space_fenced: bool = False
+) -> dict[str, Any]:
+    """`actor_options` (Serve's `ray_actor_options`) with jemalloc preloaded through the
+    runtime_env's env_vars. Left as they are: `system`; a runtime_env that names its own
+    LD_PRELOAD; a replica fenced by an address-space limit (`memory_limit_mib`), whose
+    headroom is measured against glibc's way of mapping (jemalloc keeps address space it
+    has used, which the limit would count as spent)."""
+    path = jemalloc_path() if allocator == "jemalloc" and not address_space_fenced else None
+    if path is None:
+        return actor_options
+    runtime_env = dict(actor_options.get("runtime_env") or {})
+    env_vars = dict(runtime_env.get("env_vars") or {})
+    if PRELOAD in env_vars:
+        return actor_options
+    env_vars[PRELOAD] = str(path)
+    runtime_env["env_vars"] = env_vars
+    return {**actor_options, "runtime_env": runtime_env}

@@ -1,0 +1,110 @@
+"""Which malloc the replicas get (config/allocator.py), and the heap trim on each."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deployments.app import build_app
+from deployments.config.allocator import PRELOAD, jemalloc_path, with_allocator
+
+ROOT = Path(__file__).resolve().parents[2]
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD")
+
+
+@linux_only
+def test_a_process_started_with_rays_jemalloc_preloaded_runs_on_it() -> None:
+    script = (
+        "import ctypes, pathlib\n"
+        "maps = pathlib.Path('/proc/self/maps').read_text()\n"
+        "print('libjemalloc' in maps, hasattr(ctypes.CDLL(None), 'mallctl'))\n"
+    )
+    out = _run_preloaded(script)
+    assert out == "True True", out
+
+
+@linux_only
+def test_jemalloc_is_preloaded_beside_the_env_vars_already_set() -> None:
+    options = {"num_cpus": 1, "runtime_env": {"env_vars": {"MALLOC_ARENA_MAX": "2"}}}
+    result = with_allocator(options, "jemalloc")
+    assert result["runtime_env"]["env_vars"] == {
+        "MALLOC_ARENA_MAX": "2",
+        PRELOAD: str(jemalloc_path()),
+    }
+    assert result["num_cpus"] == 1
+    assert PRELOAD not in options["runtime_env"]["env_vars"]  # the caller's dict untouched
+
+
+def test_the_system_allocator_leaves_the_options_alone() -> None:
+    options = {"num_cpus": 1}
+    assert with_allocator(options, "system") == {"num_cpus": 1}
+
+
+def test_a_preload_of_the_users_own_is_kept() -> None:
+    options = {"runtime_env": {"env_vars": {PRELOAD: "/opt/libtcmalloc.so"}}}
+    assert with_allocator(options, "jemalloc") == options
+
+
+def test_a_replica_fenced_by_an_address_space_limit_keeps_glibc() -> None:
+    assert with_allocator({"num_cpus": 0}, "jemalloc", address_space_fenced=True) == {"num_cpus": 0}
+
+
+def _preloads(args: dict) -> dict[str, str | None]:
+    """Each deployment of the built app: the LD_PRELOAD its replicas start with."""
+    app = build_app(args)
+    found = {}
+    ingress = app._bound_deployment  # the app's root
+    nodes = [
+        ingress,
+        *[
+            bound._bound_deployment
+            for group in ("embedders", "rerankers", "generators")
+            for bound in app._bound_deployment.init_kwargs[group].values()
+        ],
+    ]
+    for deployment in nodes:
+        env = (deployment.ray_actor_options.get("runtime_env") or {}).get("env_vars") or {}
+        found[deployment.name] = env.get(PRELOAD)
+    return found
+
+
+@linux_only
+def test_every_replica_of_the_default_app_runs_on_jemalloc() -> None:
+    args = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]["args"]
+    preloads = _preloads(args)
+    assert len(preloads) >= 4
+    assert set(preloads.values()) == {str(jemalloc_path())}, preloads
+    assert set(_preloads({**args, "allocator": "system"}).values()) == {None}
+
+
+@linux_only
+def test_trim_heap_purges_jemalloc_where_it_is_preloaded() -> None:
+    script = (
+        "from deployments.core.process_status import status_kib\n"
+        "from deployments.replicas.memory import trim_heap\n"
+        "blocks = [bytes(1000) for _ in range(200_000)]\n"
+        "del blocks\n"
+        "before = status_kib('VmRSS')\n"
+        "trim_heap()\n"
+        "print(before - status_kib('VmRSS'))\n"
+    )
+    returned_kib = int(_run_preloaded(script))
+    # 200 MB freed: jemalloc keeps freed pages for seconds, the purge hands them back now.
+    assert returned_kib > 20 * 1024, f"the trim returned {returned_kib} KiB"
+
+
+def _run_preloaded(script: str) -> str:
+    """`script`'s output, run by a Python started with Ray's jemalloc preloaded (a preload
+    takes effect only at a process's start)."""
+    path = jemalloc_path()
+    assert path is not None
+    env = {PRELOAD: str(path), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
