@@ -15,7 +15,7 @@ from ray.serve.deployment import Deployment
 from deployments.backends.generation.demo_llm import DEMO_PREFIX
 from deployments.backends.sources import ModelSourceError, resolve_model_source
 from deployments.config import AppConfig, GenerationModelConfig, ModelDeploymentConfig
-from deployments.config.allocator import Allocator, with_allocator
+from deployments.config.allocator import Allocator
 from deployments.config.encoders import EncoderModelConfig
 from deployments.config.traffic import ModelAppConfig
 from deployments.core.protocol import BatchedModel
@@ -55,10 +55,7 @@ def build_app(args: dict[str, Any]) -> Application:
         version_key(m.name, m.version): _generator(names("generate", m), m, malloc)
         for m in config.generation_models
     }
-    ingress_options = config.ingress.deployment.to_serve()
-    ingress_options["ray_actor_options"] = with_allocator(
-        ingress_options["ray_actor_options"], malloc
-    )
+    ingress_options = config.ingress.deployment.to_serve(allocator=malloc)
     ingress = _deployment(serve.ingress()(HttpIngress)).options(name="ingress", **ingress_options)
     return ingress.bind(
         ingress_args(config),
@@ -147,8 +144,7 @@ def _generator(name: str, model: GenerationModelConfig, allocator: Allocator) ->
     # The queue limits are the generator's user_config, changeable without a restart. The
     # router sends a stop note to the replica that runs its generation, and keeps the
     # standby replicas out of the calls while enough others are up.
-    options = model.deployment.to_serve()
-    options["ray_actor_options"] = with_allocator(options["ray_actor_options"], allocator)
+    options = model.deployment.to_serve(allocator=allocator)
     router: dict[str, Any] = {"request_router_class": GENERATION_ROUTER}
     if model.standby_replicas:  # a fixed count (config/generation.py): to_serve set it
         serving = options["num_replicas"]
@@ -175,9 +171,10 @@ def _model_deployment(
     # Batch knobs travel only as each model deployment's user_config: changing them with
     # `serve deploy` then reconfigures the running replicas in place, where a change to
     # any constructor argument would restart them.
-    options = model.deployment.to_serve(busy_policy=True)
     fenced = isinstance(model, EncoderModelConfig) and model.memory_limit_mib is not None
-    options["ray_actor_options"] = with_allocator(options["ray_actor_options"], allocator, fenced)
+    options = model.deployment.to_serve(
+        busy_policy=True, allocator=allocator, address_space_fenced=fenced
+    )
     return (
         _deployment(cls)
         .options(name=name, user_config=model.batching.model_dump(), **options)

@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from deployments.config.allocator import Allocator, with_allocator
 from deployments.config.strict import StrictModel
 
 
@@ -122,9 +123,16 @@ class DeploymentOptions(StrictModel):
             return scaling.initial_replicas
         return self.fewest_replicas
 
-    def to_serve(self, busy_policy: bool = False) -> dict[str, Any]:
+    def to_serve(
+        self,
+        busy_policy: bool = False,
+        allocator: Allocator = "system",
+        address_space_fenced: bool = False,
+    ) -> dict[str, Any]:
         """Serve's options; `busy_policy`: an encoder deployment, whose replicas report how
-        busy they are to its autoscaling (`AutoscalingOptions.target_busy_share`)."""
+        busy they are to its autoscaling (`AutoscalingOptions.target_busy_share`);
+        `allocator`: the malloc its replicas preload (`config/allocator.py`), which an
+        address-space fence keeps on glibc's."""
         options = self.model_dump(
             exclude={"ray_actor_options", "autoscaling_config", "backpressure_retry_after_s"}
         )
@@ -137,5 +145,7 @@ class DeploymentOptions(StrictModel):
             options["autoscaling_config"] = self.autoscaling_config.to_serve(busy_policy)
         elif self.num_replicas is None:
             options["num_replicas"] = 1
-        options["ray_actor_options"] = self.ray_actor_options.to_ray()
+        options["ray_actor_options"] = with_allocator(
+            self.ray_actor_options.to_ray(), allocator, address_space_fenced
+        )
         return options
