@@ -6,6 +6,7 @@ import asyncio
 import email.utils
 import math
 import time
+from typing import NamedTuple
 
 _NO_BODY_STATUSES = frozenset({*range(100, 200), 204, 304})
 # Statuses after which a client that honours Retry-After waits before its next request.
@@ -49,8 +50,25 @@ def parse_retry_after(value: bytes | None, now: float | None = None) -> float | 
     return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
-async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool, bytes | None]:
-    """Return (status, body, keep_alive, the Retry-After value) of one response."""
+class Answer(NamedTuple):
+    status: int
+    body: bytes
+    keep_alive: bool
+    retry_after: bytes | None  # the Retry-After value as sent
+    retry_after_ms: bytes | None  # the `retry-after-ms` value as sent
+
+    def wait_s(self) -> float | None:
+        """How long a client should wait before asking again, read as the OpenAI SDK reads
+        it: `retry-after-ms` first, then Retry-After; None when neither is readable."""
+        if self.retry_after_ms is not None:
+            ms = parse_retry_after(self.retry_after_ms)
+            if ms is not None:
+                return ms / 1000
+        return parse_retry_after(self.retry_after)
+
+
+async def read_response(reader: asyncio.StreamReader) -> Answer:
+    """One response, read just far enough to know where its body ends."""
     head = (await reader.readuntil(b"\r\n\r\n")).lower()
     status = int(head[9:12])
     connection = _header(head, b"connection")
@@ -68,4 +86,5 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool,
     else:
         body = await reader.read()  # delimited by connection close
         keep_alive = False
-    return status, body, keep_alive, _header(head, b"retry-after")
+    retry_after = _header(head, b"retry-after")
+    return Answer(status, body, keep_alive, retry_after, _header(head, b"retry-after-ms"))

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from tqdm import tqdm
 
-from bench.http_response import RETRY_STATUSES, parse_retry_after, read_response
+from bench.http_response import RETRY_STATUSES, read_response
 from bench.texts import sentences
 
 # Keeps a refused or closing server from turning workers into a busy loop.
@@ -31,7 +31,10 @@ _OK = 200
 
 @dataclass
 class LoadResult:
-    """Counts cover the window after warmup; ``requests`` counts 200 responses."""
+    """Counts cover the window after warmup; ``requests`` counts 200 responses,
+    ``failures`` every other answer or error, ``refused`` those of them that were a
+    429/503 with a Retry-After: the server's admission saying when to come back, not an
+    error."""
 
     requests: int
     failures: int
@@ -41,6 +44,12 @@ class LoadResult:
     status_counts: dict[int, int]
     first_error: str | None  # may come from the warmup too, which is often the interesting one
     client_cpu_s: float = 0.0  # this process's CPU time during the window
+    refused: int = 0
+
+    @property
+    def errors(self) -> int:
+        """Failures that were not a refusal with a Retry-After."""
+        return self.failures - self.refused
 
     @property
     def req_per_s(self) -> float:
@@ -84,7 +93,7 @@ class LoadResult:
         line = (
             f"req/s={self.req_per_s:.1f} texts/s={self.texts_per_s:.1f} "
             f"p50={self.p50_ms:.1f}ms p95={self.p95_ms:.1f}ms p99={self.p99_ms:.1f}ms "
-            f"ok={self.requests} fail={self.failures} status={{{statuses}}} "
+            f"ok={self.requests} fail={self.failures} refused={self.refused} status={{{statuses}}} "
             f"window={self.seconds:.1f}s client_cpu={self.client_cpu_s:.2f}s "
             f"({self.cpu_us_per_request:.0f}us/req)"
         )
@@ -100,11 +109,14 @@ class _State:
     completed: int = 0  # includes warmup and failures; drives the progress bar
     requests: int = 0
     failures: int = 0
+    refused: int = 0
     latencies_s: list[float] = field(default_factory=list)
     status_counts: dict[int, int] = field(default_factory=dict)
     first_error: str | None = None
 
-    def record(self, done_at: float, latency_s: float, status: int, body: bytes) -> None:
+    def record(
+        self, done_at: float, latency_s: float, status: int, body: bytes, retry_after: bool
+    ) -> None:
         self.completed += 1
         if status != _OK and self.first_error is None:
             self.first_error = f"HTTP {status}: {body[:_ERROR_SNIPPET].decode(errors='replace')}"
@@ -116,6 +128,8 @@ class _State:
             self.latencies_s.append(latency_s)
         else:
             self.failures += 1
+            if status in RETRY_STATUSES and retry_after:
+                self.refused += 1
 
     def record_error(self, done_at: float, exc: BaseException) -> None:
         self.completed += 1
@@ -131,7 +145,7 @@ async def _worker(
     port: int,
     requests: list[bytes],
     offset: int,
-    honor_retry_after: bool = False,
+    honor_retry_after: bool = True,
 ) -> None:
     reader: asyncio.StreamReader | None = None
     writer: asyncio.StreamWriter | None = None
@@ -146,7 +160,7 @@ async def _worker(
                     reader, writer = await asyncio.open_connection(host, port)
                 # No drain(): one request in flight per connection bounds the buffer.
                 writer.write(request)
-                status, body, keep_alive, retry_after = await read_response(reader)
+                answer = await read_response(reader)
             except (
                 OSError,
                 EOFError,
@@ -161,12 +175,13 @@ async def _worker(
                 await asyncio.sleep(_RETRY_DELAY_S)
                 continue
             done = time.perf_counter()
-            state.record(done, done - started, status, body)
-            if not keep_alive:
+            status = answer.status
+            state.record(done, done - started, status, answer.body, answer.retry_after is not None)
+            if not answer.keep_alive:
                 writer.close()
                 reader = writer = None
             if honor_retry_after and status in RETRY_STATUSES:
-                wait = parse_retry_after(retry_after)
+                wait = answer.wait_s()
                 if wait is not None:  # as an SDK would; never past the window
                     await asyncio.sleep(min(wait, max(0.0, state.window_end - done)))
     finally:
@@ -228,15 +243,17 @@ async def run_closed_loop(
     warmup_s: float = 2.0,
     progress: bool = True,
     headers: dict[str, str] | None = None,
-    honor_retry_after: bool = False,
+    honor_retry_after: bool = True,
 ) -> LoadResult:
     """Keep ``concurrency`` connections busy for ``warmup_s`` + ``duration_s`` seconds.
 
     Each connection sends one request at a time, cycling through ``bodies``.
     Requests still in flight when the window closes are awaited (up to a grace
-    period) so the server is idle for the next run, but are not counted. With
-    ``honor_retry_after``, a connection answered 429/503 with a Retry-After waits that
-    long before its next request instead of retrying at once.
+    period) so the server is idle for the next run, but are not counted. A connection
+    answered 429/503 with a Retry-After waits that long before its next request, as the
+    OpenAI and Cohere SDKs do; ``honor_retry_after=False`` retries at once, a client that
+    ignores the server (on this machine's shared cores its refusals then take the CPU the
+    model needed: docs/benchmarks.md, "Clients that ignore Retry-After").
     """
     if not bodies:
         raise ValueError("bodies must not be empty")
@@ -266,6 +283,7 @@ async def run_closed_loop(
     return LoadResult(
         requests=state.requests,
         failures=state.failures,
+        refused=state.refused,
         texts=state.requests * texts_per_request,
         seconds=duration_s,
         latencies_s=state.latencies_s,

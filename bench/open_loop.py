@@ -91,7 +91,7 @@ class _Run:
             async with asyncio.timeout(self.timeout_s):
                 reader, writer = await self.pool.take()
                 writer.write(request)
-                status, body, keep_alive, retry_after = await read_response(reader)
+                status, body, keep_alive, retry_after, _ = await read_response(reader)
         except _CONNECTION_ERRORS as exc:
             self.non_ok_total += 1
             self.no_answer_total += 1
@@ -110,7 +110,7 @@ class _Run:
             if retry_after is None:
                 self.refusals_without_retry_after += 1
         # Placed in the window by when it was due, not when it finished.
-        self.state.record(due, done - due, status, body)
+        self.state.record(due, done - due, status, body, retry_after is not None)
         if keep_alive:
             self.pool.idle.append((reader, writer))
         else:

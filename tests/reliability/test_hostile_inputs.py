@@ -32,7 +32,7 @@ async def send(client: httpx.AsyncClient, server: Server, case: Hostile) -> tupl
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
         try:
             writer.write(case.raw)
-            status, body, _, _ = await read_response(reader)
+            status, body, *_ = await read_response(reader)
         finally:
             writer.close()
         return status, body

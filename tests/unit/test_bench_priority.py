@@ -3,7 +3,7 @@
 import asyncio
 import math
 
-from bench.http_response import parse_retry_after, read_response
+from bench.http_response import Answer, parse_retry_after, read_response
 from bench.loadgen import LoadResult
 from bench.open_loop import OpenLoopResult
 from bench.priority_mix import (
@@ -30,8 +30,8 @@ def test_retry_after_absent_or_unreadable_is_none() -> None:
         assert parse_retry_after(value) is None
 
 
-def _response(raw: bytes) -> tuple[int, bytes, bool, bytes | None]:
-    async def read() -> tuple[int, bytes, bool, bytes | None]:
+def _response(raw: bytes) -> Answer:
+    async def read() -> Answer:
         reader = asyncio.StreamReader()
         reader.feed_data(raw)
         reader.feed_eof()
@@ -42,8 +42,22 @@ def _response(raw: bytes) -> tuple[int, bytes, bool, bytes | None]:
 
 def test_a_response_gives_its_retry_after_header() -> None:
     raw = b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 7\r\nContent-Length: 2\r\n\r\n{}"
-    assert _response(raw) == (429, b"{}", True, b"7")
-    assert _response(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n") == (200, b"", True, None)
+    assert _response(raw) == (429, b"{}", True, b"7", None)
+    assert _response(raw).wait_s() == 7.0
+    ok = _response(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+    assert ok == (200, b"", True, None, None) and ok.wait_s() is None
+
+
+def test_retry_after_ms_comes_first_as_the_openai_sdk_reads_it() -> None:
+    raw = (
+        b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nretry-after-ms: 240\r\n"
+        b"Content-Length: 2\r\n\r\n{}"
+    )
+    answer = _response(raw)
+    assert (answer.retry_after, answer.retry_after_ms) == (b"1", b"240")
+    assert answer.wait_s() == 0.24
+    unreadable = raw.replace(b"240", b"soon")
+    assert _response(unreadable).wait_s() == 1.0  # falls back to Retry-After
 
 
 def test_class_batch_sizes_are_deltas_per_class() -> None:
