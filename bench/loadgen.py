@@ -10,7 +10,7 @@ import asyncio
 import math
 import sys
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -100,6 +100,15 @@ class LoadResult:
         if self.first_error:
             line += f" first_error={self.first_error!r}"
         return line
+
+
+def refused_share(results: Iterable[LoadResult]) -> float:
+    """Of all the answers of `results`, the share that were refusals with a Retry-After."""
+    answered = refused = 0
+    for result in results:
+        answered += result.requests + result.failures
+        refused += result.refused
+    return refused / answered if answered else 0.0
 
 
 @dataclass

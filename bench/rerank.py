@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from bench.loadgen import LoadResult, run_closed_loop
+from bench.loadgen import LoadResult, refused_share, run_closed_loop
 from bench.report import write_section
 from bench.server import ROOT, load_config, running_server
 from bench.texts import sentences
@@ -55,11 +55,6 @@ class Round:
     @property
     def normal_ratio(self) -> float:
         return self.normal.texts_per_s / self.bare_pairs_per_s
-
-
-def refused_share(loads: list[LoadResult]) -> float:
-    answered = sum(load.requests + load.failures for load in loads)
-    return sum(load.refused for load in loads) / answered if answered else 0.0
 
 
 def workload(n_requests: int, docs: int) -> list[tuple[str, list[str]]]:

@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 from bench import bare_model, bare_runtime, llm, rerank
-from bench.loadgen import LoadResult, embedding_bodies, run_closed_loop
+from bench.loadgen import LoadResult, embedding_bodies, refused_share, run_closed_loop
 from bench.priority_mix import MixSettings, PriorityMix, failed_criteria
 from bench.priority_mix import render as render_priority
 from bench.report import write_section
@@ -82,8 +82,7 @@ class Measured:
     def refused_share(self) -> float:
         """Of the answers, the share that were refusals with a Retry-After: admission
         keeping the admitted within their class's target (docs/operations.md)."""
-        answered = sum(r.load.requests + r.load.failures for r in self.rounds)
-        return sum(r.load.refused for r in self.rounds) / answered if answered else 0.0
+        return refused_share(r.load for r in self.rounds)
 
     @property
     def passes(self) -> bool:

@@ -3,7 +3,7 @@ with a Retry-After are counted apart from errors, and its clients wait as they a
 
 import asyncio
 
-from bench.loadgen import LoadResult, run_closed_loop
+from bench.loadgen import LoadResult, refused_share, run_closed_loop
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
 REFUSED = b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Length: 2\r\n\r\n{}"
@@ -72,3 +72,11 @@ def test_an_error_without_retry_after_is_a_failure_not_a_refusal() -> None:
     result, _ = asyncio.run(_load([BROKEN], honor=True, duration_s=0.3))
     assert result.failures > 0 and result.refused == 0
     assert result.errors == result.failures
+
+
+def test_the_refused_share_is_over_every_answer_of_every_run() -> None:
+    def result(ok: int, failures: int, refused: int) -> LoadResult:
+        return LoadResult(ok, failures, ok, 1.0, [], {}, None, refused=refused)
+
+    assert refused_share([result(6, 4, 3), result(8, 2, 1)]) == 0.2
+    assert refused_share([]) == 0.0
