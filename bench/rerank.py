@@ -168,9 +168,13 @@ def main(argv: list[str] | None = None) -> None:
     print(section)
     if not args.no_write:
         write_section(args.out, "rerank", section)
-    ratio = statistics.median(r.ratio for r in rounds)
+    sys.exit(0 if passes(rounds) else 1)
+
+
+def passes(rounds: list[Round]) -> bool:
+    """The batch-class median at the bar, and no error in either class."""
     errors = sum(r.load.errors + r.normal.errors for r in rounds)
-    sys.exit(0 if ratio >= BAR and not errors else 1)
+    return statistics.median(r.ratio for r in rounds) >= BAR and not errors
 
 
 def render(
@@ -184,9 +188,6 @@ def render(
     def median(values: list[float]) -> float:
         return statistics.median(values)
 
-    ratio = median([r.ratio for r in rounds])
-    failures = sum(r.load.errors + r.normal.errors for r in rounds)
-    passed = ratio >= BAR and not failures
     bare = median([r.bare_pairs_per_s for r in rounds])
 
     def row(label: str, loads: list[LoadResult], ratios: list[float], bar: str) -> str:
@@ -197,7 +198,7 @@ def render(
             f"| {refused_share(loads):.0%} | {sum(x.errors for x in loads)} | {bar} |"
         )
 
-    verdict = f"≥ {BAR}×: {'pass' if passed else 'FAIL'}"
+    verdict = f"≥ {BAR}×: {'pass' if passes(rounds) else 'FAIL'}"
     return "\n".join(
         [
             f"Run {started} with `{command}` on {platform.machine()}, {os.cpu_count()} cores, "

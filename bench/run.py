@@ -269,6 +269,7 @@ def run_embeddings(args: argparse.Namespace, modes: list[str], config: dict, com
         config = copy.deepcopy(config)
         for model in config["applications"][0]["args"]["embedding_models"]:
             model["runtime"] = runtime
+    honor = not args.ignore_retry_after
     if runtime != "torch":
         bench = Bench(
             args.duration,
@@ -277,15 +278,10 @@ def run_embeddings(args: argparse.Namespace, modes: list[str], config: dict, com
             runtime,
             models[0]["torch_threads"],
             models[0].get("passes_in_flight", 1),
-            honor_retry_after=not args.ignore_retry_after,
+            honor_retry_after=honor,
         )
     else:
-        bench = Bench(
-            args.duration,
-            args.bare_duration,
-            args.rounds,
-            honor_retry_after=not args.ignore_retry_after,
-        )
+        bench = Bench(args.duration, args.bare_duration, args.rounds, honor_retry_after=honor)
     results = [m for mode in modes for m in bench.run_mode(mode, config)]
     section = render(started, command, results, bench.ceiling, bench.honor_retry_after)
     # Not the published section: that one is the config's, with clients that behave.
