@@ -13,12 +13,16 @@ invocation. On each server, each round:
 
 Then, arbiter on, the priority swap: the embedder and the reranker both flooded at the batch
 class, with `device_turns.priority` 10 / 0 and then 0 / 10 (a server each): the share of the
-device each model held (from /v1/stats) follows the priority, and the lower one keeps at
-least its `min_share`.
+device each model held and its mean wait for a turn (from /v1/stats) follow the priority, and
+the lower one keeps at least its `min_share`. Only turns that queue can be ordered: on a card
+that runs 4 passes at once, or whose floods leave it idle between passes, the swap needs
+`--passes-at-once 1` and more connections a flood (`--swap-connections`).
 
     .venv/bin/python -m bench.device_share                       # 3 rounds of 20 s each
     .venv/bin/python -m bench.device_share --rounds 1 --duration 10 --no-swap   # quick
     python -m bench.device_share --config serve_config.gpu.yaml --one-card     # one GPU
+    python -m bench.device_share --config serve_config.gpu.yaml --one-card --swap-only \
+        --passes-at-once 1 --swap-connections 24                           # the order alone
 
 Goals (issue 28): realtime p99 under the flood <= 1.5x its idle p99 with the arbiter on;
 flood throughput on >= 0.9x off; the swap swaps the order; the low model >= min_share.
@@ -51,9 +55,8 @@ RERANKER = "minilm-rerank"
 LLM = "tiny-llama-demo"
 GENERATIONS = 32
 GENERATION_TOKENS = 64
-RERANK_CONNECTIONS = 4
+RERANK_CONNECTIONS = 4  # the flood's, and the swap's unless --swap-connections
 RERANK_DOCS = 32
-EMBED_FLOOD_CONNECTIONS = 4
 EMBED_FLOOD_TEXTS = 32
 SATURATE_S = 5.0
 WARMUP_S = 2.0
@@ -94,6 +97,7 @@ class Swap:
     priorities: dict[str, int]
     shares: dict[str, float]
     min_share: float
+    waits_ms: dict[str, float] = field(default_factory=dict)  # mean device wait per turn
 
 
 # On a GPU, the three models on one card under fractional claims, one replica each.
@@ -114,6 +118,8 @@ def config_with(
     app = config["applications"][0]["args"]
     # The config's other arbiter settings (passes_at_once, ...) stay as it has them.
     app.setdefault("device_arbiter", {}).update(enabled=arbiter, pause_for_realtime=pause)
+    if args.passes_at_once is not None:
+        app["device_arbiter"]["passes_at_once"] = args.passes_at_once
     for kind in ("embedding_models", "rerank_models", "generation_models"):
         for model in app.get(kind, []):
             if priorities and model["name"] in priorities:
@@ -132,8 +138,9 @@ def config_with(
 class Flood:
     """Closed-loop batch-class clients that count what finishes inside a window."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, connections: int = RERANK_CONNECTIONS) -> None:
         self.url = url
+        self.connections = connections  # each of the rerank and embedding floods
         self.window: tuple[float, float] = (float("inf"), float("inf"))
         self.done: dict[str, float] = {}
         self.refused = 0
@@ -178,12 +185,12 @@ class Flood:
                 }
                 self._spawn(client, "/v1/chat/completions", body, "tokens")
         if "rerank" in kinds:
-            for i in range(RERANK_CONNECTIONS):
+            for i in range(self.connections):
                 docs = texts[i * RERANK_DOCS : (i + 1) * RERANK_DOCS]
                 body = {"model": RERANKER, "query": texts[-1 - i], "documents": docs}
                 self._spawn(client, "/v1/rerank", body, "docs")
         if "embed" in kinds:
-            for i in range(EMBED_FLOOD_CONNECTIONS):
+            for i in range(self.connections):
                 chunk = texts[1000 + i * EMBED_FLOOD_TEXTS : 1000 + (i + 1) * EMBED_FLOOD_TEXTS]
                 self._spawn(client, "/v1/embeddings", {"model": EMBEDDER, "input": chunk}, "texts")
 
@@ -199,13 +206,29 @@ class Flood:
         return self.done.get(what, 0.0) / (end - start)
 
 
-def held_by_model(stats: dict[str, Any]) -> dict[str, float]:
-    """Seconds each model held the device, all classes, from /v1/stats."""
-    held: dict[str, float] = {}
+def turn_sums(stats: dict[str, Any], key: str) -> dict[str, float]:
+    """Each model's `key` of its device turns (held_s, wait_s, turns), all classes summed,
+    from /v1/stats."""
+    sums: dict[str, float] = {}
     for name, entry in stats["models"].items():
         turns = (entry.get("replica") or {}).get("device_turns") or {}
-        held[name] = sum(c["held_s"] for c in turns.get("by_class", {}).values())
-    return held
+        sums[name] = sum(c.get(key, 0) for c in turns.get("by_class", {}).values())
+    return sums
+
+
+def held_by_model(stats: dict[str, Any]) -> dict[str, float]:
+    """Seconds each model held the device, all classes, from /v1/stats."""
+    return turn_sums(stats, "held_s")
+
+
+def mean_waits_ms(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """Each flooded model's mean wait for a turn between two /v1/stats, in ms."""
+    waits: dict[str, float] = {}
+    for name in (EMBEDDER, RERANKER):
+        turns = turn_sums(after, "turns")[name] - turn_sums(before, "turns")[name]
+        waited = turn_sums(after, "wait_s")[name] - turn_sums(before, "wait_s")[name]
+        waits[name] = round(1e3 * waited / turns, 2) if turns else 0.0
+    return waits
 
 
 def paused_by(stats: dict[str, Any]) -> dict[str, float]:
@@ -248,17 +271,22 @@ async def one_round(url: str, port: int, rate: float, duration_s: float) -> Roun
     )
 
 
-async def swap_shares(url: str, duration_s: float) -> dict[str, float]:
-    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=32)) as client:
-        flood = Flood(url)
+async def swap_shares(
+    url: str, duration_s: float, connections: int
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The two flooded models' shares of the device's held time, and their mean waits."""
+    limits = httpx.Limits(max_connections=max(32, 2 * connections))
+    async with httpx.AsyncClient(limits=limits) as client:
+        flood = Flood(url, connections)
         flood.start(client, ("embed", "rerank"))
         await asyncio.sleep(SATURATE_S)
-        before = held_by_model((await client.get(url + "/v1/stats", timeout=30)).json())
+        before = (await client.get(url + "/v1/stats", timeout=30)).json()
         await asyncio.sleep(duration_s)
-        after = held_by_model((await client.get(url + "/v1/stats", timeout=30)).json())
+        after = (await client.get(url + "/v1/stats", timeout=30)).json()
         await flood.stop()
-    shares = shares_between(before, after)
-    return {name: shares.get(name, 0.0) for name in (EMBEDDER, RERANKER)}
+    shares = shares_between(held_by_model(before), held_by_model(after))
+    held = {name: shares.get(name, 0.0) for name in (EMBEDDER, RERANKER)}
+    return held, mean_waits_ms(before, after)
 
 
 def serve_setting(
@@ -285,9 +313,9 @@ def serve_setting(
 def serve_swap(priorities: dict[str, int], args: argparse.Namespace, workdir: Path) -> Swap:
     with running_server(config_with(args, True, priorities), workdir, mode=args.mode) as server:
         time.sleep(SETTLE_S)
-        shares = asyncio.run(swap_shares(server.url, args.duration))
-    swap = Swap(priorities, shares, min_share=0.05)
-    print(f"swap {priorities}: shares {shares}")
+        shares, waits = asyncio.run(swap_shares(server.url, args.duration, args.swap_connections))
+    swap = Swap(priorities, shares, min_share=0.05, waits_ms=waits)
+    print(f"swap {priorities}: shares {shares}, mean device waits {waits} ms")
     return swap
 
 
@@ -298,11 +326,35 @@ def label(setting: Setting) -> str:
 
 
 def render(settings: list[Setting], swaps: list[Swap], args: argparse.Namespace) -> str:
-    on, off = settings[0], settings[-1]
+    rounds = "" if args.swap_only else f"{args.rounds} rounds of "
     lines = [
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-        f"{args.rounds} rounds of {args.duration:g} s at {args.rate:g} realtime req/s; "
-        "medians:",
+        f"{rounds}{args.duration:g} s windows at {args.rate:g} realtime req/s; "
+        f"passes at once: {args.passes_at_once or 'as configured'}; "
+        f"swap floods {args.swap_connections} connections each; medians:",
+    ]
+    if settings:
+        lines += render_settings(settings)
+    if swaps:
+        lines += [
+            "",
+            "| priority (embedder / reranker) | embedder's share | reranker's share "
+            "| mean device wait, embedder / reranker, ms |",
+            "|---|---|---|---|",
+        ]
+        for swap in swaps:
+            p, waits = swap.priorities, swap.waits_ms
+            lines.append(
+                f"| {p[EMBEDDER]} / {p[RERANKER]} | {swap.shares[EMBEDDER]:.3f} | "
+                f"{swap.shares[RERANKER]:.3f} | {waits.get(EMBEDDER, 0.0):.2f} / "
+                f"{waits.get(RERANKER, 0.0):.2f} |"
+            )
+    return "\n".join(lines)
+
+
+def render_settings(settings: list[Setting]) -> list[str]:
+    on, off = settings[0], settings[-1]
+    lines = [
         "",
         "| arbiter | realtime p50/p99 alone, ms | under the flood, ms | p99 ratio | "
         "rerank docs/s | LLM tokens/s | realtime failed |",
@@ -326,16 +378,7 @@ def render(settings: list[Setting], swaps: list[Swap], args: argparse.Namespace)
         + "; ".join(f"{label(s)}: {s.paused}" for s in settings if s.arbiter)
         + ".",
     ]
-    if swaps:
-        lines += ["", "| priority (embedder / reranker) | embedder's share | reranker's share |"]
-        lines.append("|---|---|---|")
-        for swap in swaps:
-            p = swap.priorities
-            lines.append(
-                f"| {p[EMBEDDER]} / {p[RERANKER]} | {swap.shares[EMBEDDER]:.3f} | "
-                f"{swap.shares[RERANKER]:.3f} |"
-            )
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -344,6 +387,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--rate", type=float, default=5.0, help="realtime requests/s")
     parser.add_argument("--no-swap", action="store_true", help="skip the priority swap")
+    parser.add_argument(
+        "--swap-only", action="store_true", help="only the priority swap, no on / off servers"
+    )
+    parser.add_argument(
+        "--swap-connections",
+        type=int,
+        default=RERANK_CONNECTIONS,
+        help="closed-loop connections of each of the swap's two floods (more: a busier device)",
+    )
+    parser.add_argument(
+        "--passes-at-once",
+        type=int,
+        help="the arbiter's passes_at_once on every server (default: the config's)",
+    )
     parser.add_argument(
         "--pause-off-too",
         action="store_true",
@@ -362,6 +419,8 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp)
         settings = []
         runs = [(True, True), *([(True, False)] if args.pause_off_too else []), (False, True)]
+        if args.swap_only:
+            runs = []
         for arbiter, pause in runs:
             (work / f"{arbiter}-{pause}").mkdir()
             settings.append(serve_setting(arbiter, args, work / f"{arbiter}-{pause}", pause))
