@@ -6,13 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import pytest
-
 from bench import device_share
 from bench.device_share import EMBEDDER, LLM, RERANKER, Setting, Swap
 from deployments.config import AppConfig
-
-pytestmark = pytest.mark.unit
 
 
 def arguments(**overrides: Any) -> argparse.Namespace:
