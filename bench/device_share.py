@@ -55,7 +55,7 @@ RERANKER = "minilm-rerank"
 LLM = "tiny-llama-demo"
 GENERATIONS = 32
 GENERATION_TOKENS = 64
-RERANK_CONNECTIONS = 4  # the flood's, and the swap's unless --swap-connections
+FLOOD_CONNECTIONS = 4  # closed-loop connections of each flood (rerank, embeddings)
 RERANK_DOCS = 32
 EMBED_FLOOD_TEXTS = 32
 SATURATE_S = 5.0
@@ -138,7 +138,7 @@ def config_with(
 class Flood:
     """Closed-loop batch-class clients that count what finishes inside a window."""
 
-    def __init__(self, url: str, connections: int = RERANK_CONNECTIONS) -> None:
+    def __init__(self, url: str, connections: int = FLOOD_CONNECTIONS) -> None:
         self.url = url
         self.connections = connections  # each of the rerank and embedding floods
         self.window: tuple[float, float] = (float("inf"), float("inf"))
@@ -326,12 +326,13 @@ def label(setting: Setting) -> str:
 
 
 def render(settings: list[Setting], swaps: list[Swap], args: argparse.Namespace) -> str:
-    rounds = "" if args.swap_only else f"{args.rounds} rounds of "
+    rounds = f"{args.rounds} rounds of " if settings else ""
     lines = [
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
         f"{rounds}{args.duration:g} s windows at {args.rate:g} realtime req/s; "
         f"passes at once: {args.passes_at_once or 'as configured'}; "
-        f"swap floods {args.swap_connections} connections each; medians:",
+        f"swap floods {args.swap_connections} connections each"
+        + ("; medians:" if settings else ":"),
     ]
     if settings:
         lines += render_settings(settings)
@@ -386,14 +387,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--rate", type=float, default=5.0, help="realtime requests/s")
-    parser.add_argument("--no-swap", action="store_true", help="skip the priority swap")
-    parser.add_argument(
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--no-swap", action="store_true", help="skip the priority swap")
+    which.add_argument(
         "--swap-only", action="store_true", help="only the priority swap, no on / off servers"
     )
     parser.add_argument(
         "--swap-connections",
         type=int,
-        default=RERANK_CONNECTIONS,
+        default=FLOOD_CONNECTIONS,
         help="closed-loop connections of each of the swap's two floods (more: a busier device)",
     )
     parser.add_argument(
