@@ -223,10 +223,12 @@ def held_by_model(stats: dict[str, Any]) -> dict[str, float]:
 
 def mean_waits_ms(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
     """Each flooded model's mean wait for a turn between two /v1/stats, in ms."""
+    turns_then, turns_now = turn_sums(before, "turns"), turn_sums(after, "turns")
+    waited_then, waited_now = turn_sums(before, "wait_s"), turn_sums(after, "wait_s")
     waits: dict[str, float] = {}
     for name in (EMBEDDER, RERANKER):
-        turns = turn_sums(after, "turns")[name] - turn_sums(before, "turns")[name]
-        waited = turn_sums(after, "wait_s")[name] - turn_sums(before, "wait_s")[name]
+        turns = turns_now[name] - turns_then[name]
+        waited = waited_now[name] - waited_then[name]
         waits[name] = round(1e3 * waited / turns, 2) if turns else 0.0
     return waits
 
