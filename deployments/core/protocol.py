@@ -52,10 +52,23 @@ class EmbedJob:
 
 
 @dataclass(frozen=True)
+class JobTiming:
+    """Where a job's time went in its replica, for the answer's timing headers
+    (ingress/api/timing_headers.py): its share of its call's tokenising, the wait from its
+    request's arrival at the ingress to its first forward pass, and the forward passes that
+    computed its inputs."""
+
+    tokenize_s: float
+    queue_s: float
+    inference_s: float
+
+
+@dataclass(frozen=True)
 class EmbedResult:
     vectors: np.ndarray  # (inputs, dim) float32, unit length unless the job said otherwise
     token_counts: list[int]  # tokens fed to the model per input, special tokens included
     truncated: list[int] = field(default_factory=list)  # indices of inputs that were cut
+    timing: JobTiming | None = None  # None where no replica computed it (the cache's)
 
 
 @dataclass(frozen=True)
@@ -110,6 +123,7 @@ class RerankResult:
     token_counts: list[int]  # per document: tokens fed to the model over all its chunks
     chunks: list[int]  # per document: how many chunks were scored
     truncated: list[int] = field(default_factory=list)  # documents cut at max_tokens_per_doc
+    timing: JobTiming | None = None  # None where no replica computed it (the cache's)
 
 
 RerankOutcome = RerankResult | Rejection

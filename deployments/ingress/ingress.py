@@ -36,6 +36,7 @@ from deployments.core.protocol import (
     GenerationChunk,
     GenerationHandle,
     GenerationJob,
+    JobTiming,
     ModelHandle,
     Rejection,
     RerankJob,
@@ -47,6 +48,7 @@ from deployments.errors import InvalidRequest, ModelNotFound, rejection_error
 from deployments.ingress.access.gate import AccessGate
 from deployments.ingress.api.dialects import Dialect
 from deployments.ingress.api.request_meta import RequestMeta, choose_priority
+from deployments.ingress.api.timing_headers import timing_headers
 from deployments.ingress.cache.generation_cache import (
     cached_completion,
     stream_answer,
@@ -55,7 +57,12 @@ from deployments.ingress.cache.generation_cache import (
 from deployments.ingress.cache.item_cache import ItemCaches, cached_run, with_cached_inputs
 from deployments.ingress.calls.generation_call import GenerationCall
 from deployments.ingress.calls.model_client import ModelClient, overloaded
-from deployments.ingress.calls.observe import RequestObserver, note_request, observed
+from deployments.ingress.calls.observe import (
+    RequestObserver,
+    note_request,
+    observed,
+    request_started,
+)
 from deployments.ingress.rollout.catalog import AppHandle, Catalog
 from deployments.ingress.rollout.versions import Version
 from deployments.ingress.status.health import Health, ReadinessCheck
@@ -199,7 +206,7 @@ class Ingress:
         )
         assert isinstance(outcome, EmbedResult)  # an embedding replica answers vectors
         body = with_cached_inputs(call.respond(outcome, model.name), hits)
-        return Answer(body, _headers(priority, version))
+        return Answer(body, _headers(priority, version) | _timing(outcome.timing))
 
     async def embedding_model_info(self) -> tuple[EmbeddingModelConfig, dict[str, Any]]:
         """The first embedding model and what its replica says of itself (TEI's /info)."""
@@ -234,7 +241,7 @@ class Ingress:
         )
         assert isinstance(outcome, RerankResult)  # a rerank replica answers scores
         answer = with_cached_inputs(rerank_response(query, model.name, outcome), hits)
-        return Answer(answer, _headers(priority, version))
+        return Answer(answer, _headers(priority, version) | _timing(outcome.timing))
 
     @observed
     async def generate(
@@ -387,3 +394,10 @@ def _serve_app_handle(app: str) -> ModelHandle:
 
 def _headers(priority: Priority, version: Version) -> dict[str, str]:
     return {"X-Priority": priority.label, "X-Model-Version": version.label}
+
+
+def _timing(timing: JobTiming | None) -> dict[str, str]:
+    """Where the request's time went (api/timing_headers.py), from its arrival here."""
+    started = request_started()
+    total_s = 0.0 if started is None else time.monotonic() - started
+    return timing_headers(total_s, timing)

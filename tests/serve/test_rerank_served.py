@@ -51,6 +51,16 @@ def test_cohere_and_jina_rank_the_answer_first(server: Server, route: str) -> No
     assert body["usage"]["total_tokens"] > 4000
 
 
+def test_a_rerank_answer_says_where_its_time_went(server: Server) -> None:
+    response = post(
+        server, "/v1/rerank", {"model": RERANK_MODEL, "query": QUERY, "documents": DOCUMENTS[:2]}
+    )
+    names = [part.split(";")[0].strip() for part in response.headers["server-timing"].split(",")]
+    assert names == ["total", "tokenization", "queue", "inference"]
+    assert int(response.headers["x-inference-time"]) >= 0
+    assert int(response.headers["x-total-time"]) >= int(response.headers["x-inference-time"])
+
+
 def test_tei_ranks_the_answer_first(server: Server) -> None:
     ranks = post(
         server, "/rerank", {"query": QUERY, "texts": DOCUMENTS, "return_text": True}

@@ -40,6 +40,7 @@ from deployments.core.protocol import (
     BatchedResult,
     EmbedJob,
     EmbedResult,
+    JobTiming,
     RerankJob,
     RerankResult,
 )
@@ -189,6 +190,8 @@ async def _embed(
     keys = [item_key(namespace, _content(item)) for item in inputs]
     first = _first_positions(keys)
 
+    computed: list[JobTiming | None] = []  # the timing of the misses' job, if it ran here
+
     async def compute(owned: list[str]) -> dict[str, bytes]:
         chosen = [inputs[first[key]] for key in owned]
         if job.texts is not None:
@@ -196,6 +199,7 @@ async def _embed(
         else:
             sub = dataclasses.replace(job, token_ids=chosen)
         result: EmbedResult = await run(sub)
+        computed.append(result.timing)
         cut = set(result.truncated)
         return {
             key: pack_embed(EmbedEntry(result.vectors[i], result.token_counts[i], i in cut))
@@ -208,6 +212,7 @@ async def _embed(
         vectors=np.stack([entry.vector for entry in entries]),
         token_counts=[entry.tokens for entry in entries],
         truncated=[i for i, entry in enumerate(entries) if entry.truncated],
+        timing=computed[0] if computed else None,
     )
     return merged, hits
 
@@ -226,12 +231,15 @@ async def _rerank(
     keys = [item_key(namespace, doc.encode()) for doc in job.documents]
     first = _first_positions(keys)
 
+    computed: list[JobTiming | None] = []  # the timing of the misses' job, if it ran here
+
     async def compute(owned: list[str]) -> dict[str, bytes]:
         docs = [job.documents[first[key]] for key in owned]
         sub = dataclasses.replace(job, documents=docs)
         # Admission counts chunk passes: only the misses' are still to score.
         sub = dataclasses.replace(sub, chunk_passes=estimated_chunk_passes(sub, model))
         result: RerankResult = await run(sub)
+        computed.append(result.timing)
         cut = set(result.truncated)
         return {
             key: pack_rerank(
@@ -255,6 +263,7 @@ async def _rerank(
         token_counts=[entry.tokens for entry in entries],
         chunks=[entry.chunks for entry in entries],
         truncated=[i for i, entry in enumerate(entries) if entry.truncated],
+        timing=computed[0] if computed else None,
     )
     return merged, hits
 

@@ -16,6 +16,7 @@ items whose job ran out of time or whose client went away (`split_live`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -24,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 from deployments.core.batching.batch_budget import BatchBudget
 from deployments.core.memory.split_retry import TooLargeForMemory
-from deployments.core.protocol import Rejection, deadline_rejection
+from deployments.core.protocol import JobTiming, Rejection, deadline_rejection
 from deployments.errors import MODEL_FAILED_MESSAGE
 
 logger = logging.getLogger("ray.serve")
@@ -45,6 +46,25 @@ class JobState:
     # When its request reached the ingress, on this process's clock (the ingress sends
     # how long ago): the latency a class's target is judged by starts here.
     began: float = field(default_factory=time.monotonic)
+    # Where its time went, for the answer's timing headers: its share of its call's
+    # tokenising, when its first forward pass began, and its passes' time.
+    tokenize_s: float = 0.0
+    first_pass_at: float | None = None
+    inference_s: float = 0.0
+
+    def ran_pass(self, started: float, took_s: float) -> None:
+        """One forward pass computed some of its inputs."""
+        if self.first_pass_at is None:
+            self.first_pass_at = started
+        self.inference_s += took_s
+
+    def timing(self) -> JobTiming:
+        first = self.first_pass_at
+        return JobTiming(
+            tokenize_s=self.tokenize_s,
+            queue_s=0.0 if first is None else max(0.0, first - self.began),
+            inference_s=self.inference_s,
+        )
 
     def drop_reason(self, now: float) -> str | None:
         # Expiry first: the ingress also cancels a call whose only job ran out of time.
@@ -85,6 +105,7 @@ class Plan(Protocol):
 JobT = TypeVar("JobT", contravariant=True)
 PlanT = TypeVar("PlanT", bound=Plan)
 OutcomeT = TypeVar("OutcomeT", covariant=True)
+ResultT = TypeVar("ResultT")
 
 
 class JobTask(Protocol[JobT, PlanT, OutcomeT]):
@@ -130,10 +151,12 @@ async def run_jobs(
     """One outcome per job, in order: the lifecycle of one call's jobs. `on_planned` hears
     how many items are about to be queued, before the first one is."""
     now = time.monotonic()
+    planned = task.plan(jobs, states, budget)
+    _share_planning(states, jobs, time.monotonic() - now)
     # Expiry wins over the task's own refusal: the deadline is what the client will see.
     plans = [
         deadline_rejection() if state.drop_reason(now) == EXPIRED else plan
-        for plan, state in zip(task.plan(jobs, states, budget), states, strict=True)
+        for plan, state in zip(planned, states, strict=True)
     ]
     todo = [item for plan in plans if not isinstance(plan, Rejection) for item in plan.items]
     if on_planned is not None and todo:
@@ -141,15 +164,30 @@ async def run_jobs(
     results = await asyncio.gather(*(run_item(item) for item in todo), return_exceptions=True)
     outcomes: list[OutcomeT | Rejection] = []
     start = 0
-    for plan in plans:
+    for plan, state in zip(plans, states, strict=True):
         if isinstance(plan, Rejection):
             outcomes.append(plan)
             continue
         mine = list(results[start : start + len(plan.items)])
         start += len(plan.items)
         failed = failed_outcome(mine, task.what)
-        outcomes.append(failed if failed is not None else task.collect(plan, mine))
+        outcomes.append(failed if failed is not None else _timed(task.collect(plan, mine), state))
     return outcomes
+
+
+def _share_planning(states: Sequence[JobState], jobs: Sequence[Any], took_s: float) -> None:
+    """A call's tokenising, shared among its jobs by their inputs."""
+    sizes = [max(1, len(job)) if hasattr(job, "__len__") else 1 for job in jobs]
+    total = sum(sizes)
+    for state, size in zip(states, sizes, strict=True):
+        state.tokenize_s = took_s * size / total
+
+
+def _timed(outcome: ResultT, state: JobState) -> ResultT:
+    """The outcome with its job's timing, where its type carries one."""
+    if dataclasses.is_dataclass(outcome) and hasattr(outcome, "timing"):
+        return dataclasses.replace(outcome, timing=state.timing())  # type: ignore[type-var]
+    return outcome
 
 
 def failed_outcome(results: Sequence[Any], what: str) -> Rejection | None:

@@ -138,8 +138,11 @@ class ForwardPasses:
                     release_cached_memory,
                     lane=lane,
                 )
+            took_s = time.monotonic() - started
+            for state in {id(item.state): item.state for item in live}.values():
+                state.ran_pass(started, took_s)
             if not lane:  # the lane is not a pass slot: autoscaling reads the slots' share
-                self.busy.ran(time.monotonic() - started)
+                self.busy.ran(took_s)
             self._counters.ran(priority, len(live))
             if report.faults:
                 self._memory_faulted(priority, live, report)
