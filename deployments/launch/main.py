@@ -14,13 +14,15 @@ KeyboardInterrupt, it shuts Serve down, and the exit shuts down the Ray it runs 
 
     python -m deployments.launch [--mode throughput|haproxy|proxy] [--metrics-port N]
                                  [--placement-timeout-s S] [--no-placement-check]
+                                 [--helpers-niceness N]
                                  [serve_config.yaml]
 
 It also gives HAProxy's files a directory of this user and instance (launch/paths.py), and
 refuses or gives up on a config the machine cannot place (launch/placement.py), and says
 each replica that fails to start, stopping once Serve gives up on one (launch/failed_start.py).
 With HAProxy in front, it tells HAProxy which apps keep an ingress replica for realtime
-requests (launch/realtime_front.py).
+requests (launch/realtime_front.py). Once Ray is up, it lowers Ray's helper processes and
+itself below the replicas (launch/helper_priority.py).
 """
 
 from __future__ import annotations
@@ -32,12 +34,13 @@ import resource
 import signal
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from deployments.launch.config_file import ConfigFileError, load_config
 from deployments.launch.failed_start import FailedStartCheck
+from deployments.launch.helper_priority import HELPER_NICENESS, yield_helpers
 from deployments.launch.output import announcer, quiet_shutdown_noise
 from deployments.launch.paths import (
     InstanceDirError,
@@ -210,6 +213,16 @@ def main(argv: list[str]) -> None:
         action="store_true",
         help="Deploy even when the config asks for more than this Ray has in total.",
     )
+    parser.add_argument(
+        "--helpers-niceness",
+        type=int,
+        choices=range(20),
+        metavar="{0..19}",
+        default=os.environ.get("TRIBUTARY_HELPERS_NICENESS", str(HELPER_NICENESS)),
+        help="Lower Ray's dashboard, agents and log monitor, and this launcher, to this "
+        "niceness once Ray is up, below the replicas' 15 (TRIBUTARY_HELPERS_NICENESS); 0 "
+        "leaves them as Ray starts them (launch/helper_priority.py).",
+    )
     parser.add_argument("config", nargs="?", default="serve_config.yaml")
     args, serve_args = parser.parse_known_args(argv)
     if not Path(args.config).is_file():
@@ -287,6 +300,13 @@ def _serve(
     # "serve": the namespace `serve run` itself would have joined.
     ray.init(address=address, namespace="serve", **(port if address == "local" else {}))
     quiet_shutdown_noise()
+
+    def lower_helpers() -> None:
+        # Only a Ray of our own: its helpers are this process's descendants.
+        if address == "local" and args.helpers_niceness:
+            yield_helpers(niceness=args.helpers_niceness)
+
+    lower_helpers()
     # Only a Ray of our own has no autoscaler that could add what is missing.
     if address == "local" and not args.no_placement_check:
         problem = placement_problem(config, ray.cluster_resources())
@@ -301,7 +321,8 @@ def _serve(
         say=lambda text: print(text, file=sys.stderr, flush=True),
         # Ctrl-C's path: `serve run` shuts Serve down, then exits.
         give_up=lambda: os.kill(os.getpid(), signal.SIGINT),
-        on_running=announcer(config, lambda line: print(line, flush=True)),
+        # Again once the app runs: a helper Ray started after `ray.init` returned.
+        on_running=_both(lower_helpers, announcer(config, lambda line: print(line, flush=True))),
     )
     watch.start()
     # `serve run` compares its --address (by default RAY_ADDRESS, "local" here) with the
@@ -320,6 +341,14 @@ def _serve(
                 f"{parser.prog}: error: stopped: {stopped_by.stopped_because}\n",
             )
         raise
+
+
+def _both(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        first()
+        then()
+
+    return both
 
 
 def _shutdown_ray() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 from pathlib import Path
 
 import httpx
@@ -11,7 +12,9 @@ import numpy as np
 import pytest
 from sentence_transformers import SentenceTransformer
 
+from bench.server import descendants
 from deployments.backends.sources import resolve_model_source
+from deployments.launch.helper_priority import helper_pids
 from tests.serve.conftest import (
     AUTH,
     CROSS_MODEL,
@@ -70,6 +73,33 @@ def test_an_answer_says_where_its_time_went(server: Server) -> None:
     assert timing["total"] >= timing["queue"] + timing["inference"] - 1.0
     for name in ("total", "tokenization", "queue", "inference"):
         assert response.headers[f"x-{name}-time"] == str(int(timing[name])), name
+
+
+def test_rays_helpers_and_the_launcher_run_below_the_replicas(server: Server) -> None:
+    launcher = server.process.pid
+    helpers = helper_pids(launcher)
+    commands = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in descendants(launcher)}
+    assert any(b"DashboardAgent" in commands.get(pid, b"") for pid in helpers), commands
+    replicas = [pid for pid, command in commands.items() if b"ServeReplica" in command]
+    assert replicas
+    for pid in [launcher, *helpers]:
+        assert thread_niceness(pid) == {19}, (pid, commands.get(pid))
+    # A replica's Python threads run at Ray's worker niceness; Ray's own threads in it,
+    # started before Ray set that, at 0: either way above the helpers.
+    for pid in replicas:
+        assert os.getpriority(os.PRIO_PROCESS, pid) == 15, (pid, commands[pid])
+        assert max(thread_niceness(pid)) == 15, (pid, commands[pid])
+
+
+def thread_niceness(pid: int) -> set[int]:
+    """The niceness of each live thread of `pid`."""
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found.add(os.getpriority(os.PRIO_PROCESS, int(task.name)))
+        except ProcessLookupError:
+            continue  # a thread that ended meanwhile
+    return found
 
 
 def test_health_and_model_list(server: Server) -> None:
