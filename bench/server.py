@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from deployments.core.process_tree import descendants
 from deployments.launch.main import spare_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,25 +176,6 @@ def wait_until_healthy(server: Server, timeout_s: float) -> None:
             pass
         time.sleep(1)
     raise RuntimeError(f"server not healthy within {timeout_s}s:\n{server.log_tail()}")
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid`, read from /proc."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found: set[int] = set()
-    stack = [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            if child not in found:
-                found.add(child)
-                stack.append(child)
-    return found
 
 
 def alive(pids: set[int]) -> set[int]:

@@ -6,14 +6,14 @@ but the dashboard's agent, which gathers every worker's metrics and process figu
 in bursts: every 10 s, ~300 ms of a core at once on a 2-core machine. At niceness 0 against
 15 such a burst has the core to itself, and whatever request is on its way through the
 replicas then waits for it: in one 25 s window under `bench.device_share`'s flood, three of
-the five slowest realtime requests fell inside one burst (docs/benchmarks.md, "Ray's
-dashboard agent"). Monitoring, log shipping and the launcher's own `serve run` loop can
-wait for a few milliseconds; a request should not. So once Ray is up, the launcher lowers
-those processes (the dashboard's head and its modules, the dashboard's and the runtime
-environments' agents, the log monitor, the autoscaler's monitor), and itself, below the
-replicas (niceness 19): they still run, on what the
-replicas leave, and none of their work is lost. The GCS and the raylet keep their
-priority: they schedule and watch the replicas.
+the five slowest realtime requests fell inside one burst (docs/benchmarks.md, "Ray's helpers
+at the replicas' expense"). Monitoring, log shipping and the launcher's own `serve run` loop
+can wait for a few milliseconds; a request should not. So once Ray is up, the launcher
+lowers those processes (the dashboard's head and its modules, the dashboard's and the
+runtime environments' agents, the log monitor, the autoscaler's monitor), and itself, below
+the replicas (niceness 19): they still run, on what the replicas leave, and none of their
+work is lost. The GCS and the raylet keep their priority: they schedule and watch the
+replicas.
 
 Only raises a niceness (which any user may do to their own processes), per thread, as
 Linux keeps it (threads started later inherit it from the thread that starts them). A
@@ -25,6 +25,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
+
+from deployments.core.process_tree import PROC, below, children_by_parent
 
 # Below Ray's workers (15): what these processes do waits for the replicas.
 HELPER_NICENESS = 19
@@ -42,15 +44,13 @@ HELPER_SCRIPTS = (
     "/autoscaler/_private/monitor.py",
 )
 
-PROC = Path("/proc")
-
 
 def helper_pids(root: int, proc: Path = PROC) -> list[int]:
     """The processes below `root` whose command line names a Ray helper, and theirs."""
-    tree = _children(proc)
-    helpers = {pid for pid in _below(root, tree) if _is_helper(pid, proc)}
+    tree = children_by_parent(proc)
+    helpers = {pid for pid in below(root, tree) if _is_helper(pid, proc)}
     for pid in list(helpers):
-        helpers |= _below(pid, tree)
+        helpers |= below(pid, tree)
     return sorted(helpers)
 
 
@@ -72,8 +72,9 @@ def yield_helpers(
     root: int | None = None, niceness: int = HELPER_NICENESS, proc: Path = PROC
 ) -> list[int]:
     """Lowers Ray's helpers below `root` (default: this process) and `root` itself to
-    `niceness`; returns the pids of the helpers found. Call once Ray has started them:
-    `root` is lowered last, so that nothing it started earlier inherited the change."""
+    `niceness`; returns the pids of the helpers found. Call once `root` has started Ray:
+    what it starts from then on (the GCS, the raylet and through it every replica, had
+    they not started yet) would inherit the niceness."""
     root = os.getpid() if root is None else root
     if not proc.is_dir():
         return []
@@ -81,29 +82,6 @@ def yield_helpers(
     for pid in found:
         lower_priority(pid, niceness, proc)
     lower_priority(root, niceness, proc)
-    return found
-
-
-def _children(proc: Path) -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for stat in proc.glob("[0-9]*/stat"):
-        try:
-            # The name in parentheses may hold spaces; the parent pid follows it.
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    return children
-
-
-def _below(root: int, children: dict[int, list[int]]) -> set[int]:
-    found: set[int] = set()
-    stack = [root]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            if child not in found:
-                found.add(child)
-                stack.append(child)
     return found
 
 
