@@ -177,7 +177,7 @@ async def run_jobs(
 
 def _share_planning(states: Sequence[JobState], jobs: Sequence[Any], took_s: float) -> None:
     """A call's tokenising, shared among its jobs by their inputs."""
-    sizes = [max(1, len(job)) if hasattr(job, "__len__") else 1 for job in jobs]
+    sizes = [max(1, len(job)) for job in jobs]  # a job's len: the items it weighs
     total = sum(sizes)
     for state, size in zip(states, sizes, strict=True):
         state.tokenize_s = took_s * size / total

@@ -25,7 +25,13 @@ from deployments.core.batching.priority_gate import PriorityGate
 from deployments.core.memory.split_retry import SplitReport, run_split
 from deployments.core.metrics.metrics import TributaryMetrics
 from deployments.core.priority import Priority
-from deployments.replicas.batched.batched_jobs import EXPIRED, BatchItem, Dropped, split_live
+from deployments.replicas.batched.batched_jobs import (
+    EXPIRED,
+    BatchItem,
+    Dropped,
+    JobState,
+    split_live,
+)
 from deployments.replicas.batched.model_threads import ModelThreads
 from deployments.replicas.batched.pass_counters import PassCounters
 from deployments.replicas.batched.replica_memory import ReplicaMemory
@@ -139,7 +145,9 @@ class ForwardPasses:
                     lane=lane,
                 )
             took_s = time.monotonic() - started
-            for state in {id(item.state): item.state for item in live}.values():
+            # One state per job in the batch (its items arrived together).
+            states = list({id(item.state): item.state for item in live}.values())
+            for state in states:
                 state.ran_pass(started, took_s)
             if not lane:  # the lane is not a pass slot: autoscaling reads the slots' share
                 self.busy.ran(took_s)
@@ -147,7 +155,7 @@ class ForwardPasses:
             if report.faults:
                 self._memory_faulted(priority, live, report)
             else:
-                self._measure(priority, live, started, lane)
+                self._measure(priority, live, states, started, lane)
         computed = iter(results)
         return [mark if mark is not None else next(computed) for mark in marks]
 
@@ -174,10 +182,14 @@ class ForwardPasses:
         )
 
     def _measure(
-        self, priority: Priority, live: list[BatchItem], started: float, lane: bool = False
+        self,
+        priority: Priority,
+        live: list[BatchItem],
+        states: list[JobState],
+        started: float,
+        lane: bool = False,
     ) -> None:
-        # One state per job in the batch (its items arrived together): one queue wait each.
-        states = {id(item.state): item.state for item in live}
+        """What the pass teaches; `states`: its jobs', one queue wait each."""
         padded_tokens = len(live) * max(item.tokens for item in live)
         inference_s = time.monotonic() - started
         self._metrics.batch_ran(
@@ -186,7 +198,7 @@ class ForwardPasses:
             size=len(live),
             padded_tokens=padded_tokens,
             inference_s=inference_s,
-            queue_waits_s=[started - state.arrived for state in states.values()],
+            queue_waits_s=[started - state.arrived for state in states],
         )
         if not lane:  # the cost model is of the main threads' passes
             self._tuner.ran(priority.label, len(live), padded_tokens, inference_s)
@@ -196,10 +208,7 @@ class ForwardPasses:
         # the ingress can only say what was spent when the call left.)
         self._tuner.waited(
             priority.label,
-            [
-                (state.arrived, ended - state.began, started - state.arrived)
-                for state in states.values()
-            ],
+            [(state.arrived, ended - state.began, started - state.arrived) for state in states],
         )
         self._retune()
         fit = self._tuner.cost.current
