@@ -14,6 +14,7 @@ busy 2-core machine, still far from what an unbounded queue gives (seconds).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ import pytest
 
 from bench.loadgen import embedding_bodies, run_closed_loop
 from bench.open_loop import OpenLoopResult, run_open_loop
+from bench.process_cpu import cores_between, read_cpu
 from bench.server import Server, load_config
 from bench.texts import sentences
 from deployments.config import AppConfig
@@ -190,6 +192,7 @@ async def test_twice_capacity_admits_what_it_can_serve_in_time_and_refuses_the_r
     alone = await run_closed_loop(
         "127.0.0.1", server.port, "/v1/embeddings", bodies, texts, 1, 3, warmup_s=1, progress=False
     )
+    cpu_at_calibration = read_cpu(load_generator=os.getpid())
     closed = await run_closed_loop(
         "127.0.0.1",
         server.port,
@@ -204,6 +207,7 @@ async def test_twice_capacity_admits_what_it_can_serve_in_time_and_refuses_the_r
         # waits as told instead of spinning on refusals and taking the server's CPU.
         honor_retry_after=True,
     )
+    cpu_at_overload = read_cpu(load_generator=os.getpid())
     capacity = closed.req_per_s
     assert capacity > 0, f"no capacity measured: {closed.summary()}"
     processes = watched_processes(server, embedder)
@@ -218,6 +222,7 @@ async def test_twice_capacity_admits_what_it_can_serve_in_time_and_refuses_the_r
         factor = 4
         results = await overload(server, bodies, single, capacity, factor)
     seconds = time.monotonic() - started
+    cpu_after_overload = read_cpu(load_generator=os.getpid())
     await asyncio.sleep(SETTLE_S)  # the queues drain and the garbage collector runs
     after = rss(processes)
     by_replica = await calls_by_replica(server, embedder)
@@ -251,6 +256,9 @@ async def test_twice_capacity_admits_what_it_can_serve_in_time_and_refuses_the_r
             "goodput_share": round(goodput / capacity, 2),
             **{label: class_figures(result, targets[label]) for label, result in results.items()},
             "server_during": await during,
+            # Where the cores went: the closed loop that measured capacity, then the overload.
+            "cores_at_capacity": cores_between(cpu_at_calibration, cpu_at_overload),
+            "cores_at_overload": cores_between(cpu_at_overload, cpu_after_overload),
             "rss_mib_before": before,
             "rss_mib_after": after,
             "rss_growth_mib": growth,
