@@ -70,6 +70,14 @@ BASE_ENVIRONMENT = {
 # Serve's 30 s default would make every Ctrl-C and rolling update wait half a minute.
 DRAINING = {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "5"}
 
+# Serve's HAProxy sends one log line per request to its manager, a Python actor that parses
+# it into Serve's proxy-level series (serve_num_http_requests, ...). The ingress counts every
+# request itself (ray_tributary_requests_total) and HAProxy's exporter what HAProxy answers
+# alone, so the lines bought nothing here; parsing them took 0.08 of a core at twice a 2-core
+# machine's capacity (docs/operations.md, "Serve's per-request log").
+# An operator's own value of the variable is kept.
+NO_REQUEST_LOG = {"RAY_SERVE_HAPROXY_METRICS_ENABLED": "0"}
+
 # How HTTP reaches the ingress replica. docs/benchmarks.md has the measurements behind
 # the default; `make bench` repeats them side by side.
 SERVE_MODES: dict[str, dict[str, str]] = {
@@ -81,6 +89,7 @@ SERVE_MODES: dict[str, dict[str, str]] = {
         "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         **DRAINING,
+        **NO_REQUEST_LOG,
     },
     # The same, plus Serve's throughput preset: user code on the replica's main event
     # loop, gRPC between deployments, the router on the caller's loop, GC frozen after
@@ -89,6 +98,7 @@ SERVE_MODES: dict[str, dict[str, str]] = {
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         **DRAINING,
+        **NO_REQUEST_LOG,
     },
 }
 DEFAULT_MODE = "throughput"

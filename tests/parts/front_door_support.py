@@ -42,8 +42,9 @@ def wrapper_environment(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     return {**os.environ, **launch.haproxy_environment()}
 
 
-def serve_generated_config(directory: Path) -> Path:
-    """The config Serve itself writes for one app with one replica."""
+def serve_generated_config(directory: Path, request_log: bool = False) -> Path:
+    """The config Serve itself writes for one app with one replica; without its per-request
+    log to Serve's HAProxy manager unless `request_log`, as the launcher serves it."""
     from ray.serve._private.haproxy import BackendConfig, HAProxyApi, HAProxyConfig, ServerConfig
 
     config = HAProxyConfig(
@@ -51,6 +52,7 @@ def serve_generated_config(directory: Path) -> Path:
         server_state_base=str(directory),
         server_state_file=str(directory / "server-state"),
         metrics_socket_path=str(directory / "metrics.sock"),
+        metrics_enabled=request_log,
     )
     backend = BackendConfig(
         name="default",

@@ -59,10 +59,12 @@ def test_the_patch_puts_ours_in_defaults_in_place_of_serves(tmp_path: Path) -> N
     assert "500.http" not in patched.replace(str(ERRORS / "500.http"), "")
 
 
+@pytest.mark.parametrize("request_log", [False, True], ids=["as launched", "request log on"])
 def test_haproxy_accepts_the_patched_serve_config(
-    tmp_path: Path, environment: dict[str, str]
+    tmp_path: Path, environment: dict[str, str], request_log: bool
 ) -> None:
-    config = serve_generated_config(tmp_path)
+    config = serve_generated_config(tmp_path, request_log)
+    assert ("format rfc5424" in config.read_text()) is request_log
     checked = subprocess.run(
         [environment["RAY_SERVE_HAPROXY_BINARY_PATH"], "-c", "-f", str(config)],
         env=environment,

@@ -40,6 +40,20 @@ def test_serves_haproxy_runs_the_patched_config_without_splicing(server: Server)
         assert f"errorfile 400 {ERRORS / '400.http'}" in text
 
 
+def test_haproxy_sends_serves_manager_no_line_per_request(server: Server) -> None:
+    """The launcher turns Serve's per-request HAProxy log off (RAY_SERVE_HAPROXY_METRICS_
+    ENABLED=0): the ingress counts requests itself, and HAProxy's exporter still counts
+    what HAProxy answers alone."""
+    for argv in haproxy_commands(server):
+        text = Path(argv[argv.index("-f") + 1]).read_text()
+        assert "format rfc5424" not in text and "log-format-sd" not in text
+        assert "prometheus-exporter" in text
+    answer = httpx.post(
+        f"{server.url}/v1/embeddings", json={"model": MODEL, "input": "x"}, headers=AUTH
+    )
+    assert answer.status_code == 200
+
+
 def test_haproxys_files_are_the_instances_own(server: Server) -> None:
     (argv, *_) = haproxy_commands(server)
     config = Path(argv[argv.index("-f") + 1])

@@ -49,6 +49,13 @@ def test_haproxy_modes_start_haproxy_through_the_wrapper(
     assert os.access(environment["TRIBUTARY_HAPROXY_BINARY"], os.X_OK)
 
 
+def test_haproxy_modes_turn_serves_per_request_log_off_and_the_proxy_mode_has_none() -> None:
+    # Applied with setdefault in main(): an operator's RAY_SERVE_HAPROXY_METRICS_ENABLED wins.
+    for mode, environment in launch.SERVE_MODES.items():
+        haproxy = environment.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
+        assert (environment.get("RAY_SERVE_HAPROXY_METRICS_ENABLED") == "0") is haproxy, mode
+
+
 def test_an_operators_own_haproxy_binary_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAY_SERVE_HAPROXY_BINARY_PATH", "/opt/haproxy/bin/haproxy")
     assert launch.haproxy_environment() == {}
