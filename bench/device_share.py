@@ -73,6 +73,10 @@ class Round:
     rerank_docs_per_s: float
     llm_tokens_per_s: float
     flood_refused: int
+    # How late the realtime client sent, at worst, alone and under the flood: its own
+    # delay, which the open loop charges to the server (latency runs from when it was due).
+    alone_send_lag_ms: float = 0.0
+    flooded_send_lag_ms: float = 0.0
 
     @property
     def p99_ratio(self) -> float:
@@ -270,6 +274,8 @@ async def one_round(url: str, port: int, rate: float, duration_s: float) -> Roun
         rerank_docs_per_s=round(flood.rate("docs"), 1),
         llm_tokens_per_s=round(flood.rate("tokens"), 1),
         flood_refused=flood.refused,
+        alone_send_lag_ms=round(alone.max_send_lag_ms, 1),
+        flooded_send_lag_ms=round(flooded.max_send_lag_ms, 1),
     )
 
 
@@ -360,8 +366,8 @@ def render_settings(settings: list[Setting]) -> list[str]:
     lines = [
         "",
         "| arbiter | realtime p50/p99 alone, ms | under the flood, ms | p99 ratio | "
-        "rerank docs/s | LLM tokens/s | realtime failed |",
-        "|---|---|---|---|---|---|---|",
+        "rerank docs/s | LLM tokens/s | realtime failed | client's worst send lag, ms |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s in settings:
         lines.append(
@@ -369,7 +375,8 @@ def render_settings(settings: list[Setting]) -> list[str]:
             f"{s.median('alone_p99_ms'):.1f} | {s.median('flooded_p50_ms'):.1f} / "
             f"{s.median('flooded_p99_ms'):.1f} | **{s.median('p99_ratio'):.2f}x** | "
             f"{s.median('rerank_docs_per_s'):.0f} | {s.median('llm_tokens_per_s'):.0f} | "
-            f"{sum(r.realtime_failed for r in s.rounds)} |"
+            f"{sum(r.realtime_failed for r in s.rounds)} | "
+            f"{max(r.flooded_send_lag_ms for r in s.rounds):.1f} |"
         )
     docs = on.median("rerank_docs_per_s") / max(off.median("rerank_docs_per_s"), 1e-9)
     tokens = on.median("llm_tokens_per_s") / max(off.median("llm_tokens_per_s"), 1e-9)
