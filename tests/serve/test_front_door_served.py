@@ -41,9 +41,9 @@ def test_serves_haproxy_runs_the_patched_config_without_splicing(server: Server)
 
 
 def test_haproxy_sends_serves_manager_no_line_per_request(server: Server) -> None:
-    """The launcher turns Serve's per-request HAProxy log off (RAY_SERVE_HAPROXY_METRICS_
-    ENABLED=0): the ingress counts requests itself, and HAProxy's exporter still counts
-    what HAProxy answers alone."""
+    """The launcher turns Serve's per-request HAProxy log off (docs/operations.md, "Serve's
+    per-request log"): the ingress counts requests itself, and HAProxy's exporter still
+    counts what HAProxy answers alone."""
     for argv in haproxy_commands(server):
         text = Path(argv[argv.index("-f") + 1]).read_text()
         assert "format rfc5424" not in text and "log-format-sd" not in text
