@@ -39,6 +39,7 @@ import numpy as np
 import orjson
 
 from bench.loadgen import LoadResult, embedding_bodies, run_closed_loop
+from bench.process_cpu import cpu_ticks
 from bench.server import ROOT, descendants, load_config, running_server
 from bench.texts import sentences
 from deployments.core.gc_policy import relax_collector
@@ -150,12 +151,6 @@ def in_process(requests: int, group: int) -> dict[str, float]:
 # --- 2. Live -----------------------------------------------------------------------
 
 
-def _cpu_ticks(path: str) -> int:
-    with open(path) as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime + stime
-
-
 def _process_groups(server_pid: int) -> dict[int, str]:
     """Every process the server started (not another Serve's on the machine): pid -> its
     group in the table."""
@@ -190,13 +185,13 @@ def _sample(groups: dict[int, str], embed_pid: int) -> Sample:
     processes = {}
     for pid in groups:
         try:
-            processes[pid] = _cpu_ticks(f"/proc/{pid}/stat")
+            processes[pid] = cpu_ticks(Path(f"/proc/{pid}/stat"))
         except OSError:
             processes[pid] = 0
     threads = {}
     for tid in os.listdir(f"/proc/{embed_pid}/task"):
         with contextlib.suppress(OSError):  # a thread that ended
-            threads[int(tid)] = _cpu_ticks(f"/proc/{embed_pid}/task/{tid}/stat")
+            threads[int(tid)] = cpu_ticks(Path(f"/proc/{embed_pid}/task/{tid}/stat"))
     return Sample(processes, threads)
 
 

@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from deployments.core.process_tree import PROC
 from deployments.launch.helper_priority import names_a_helper
 
-PROC = Path("/proc")
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 # A Ray worker names itself after its actor: ray::ServeReplica:<app>:<deployment>.
@@ -52,19 +52,26 @@ def role(command: str) -> str:
     return "rest of the machine"
 
 
+def cpu_ticks(stat: Path) -> int:
+    """A process's (or a thread's) user + system time so far, in clock ticks, from its
+    /proc stat file. The name in parentheses may hold spaces; utime and stime are fields 14
+    and 15."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def read_cpu(load_generator: int | None = None, proc: Path = PROC) -> CpuReading:
     """Every process's CPU time so far; `load_generator` (a pid) is named apart."""
     ticks: dict[int, int] = {}
     roles: dict[int, str] = {}
     for entry in proc.glob("[0-9]*"):
         try:
-            # The name in parentheses may hold spaces; utime and stime are fields 14 and 15.
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            spent = cpu_ticks(entry / "stat")
             command = (entry / "cmdline").read_bytes().decode(errors="replace")
         except (OSError, IndexError):
             continue
         pid = int(entry.name)
-        ticks[pid] = int(fields[11]) + int(fields[12])
+        ticks[pid] = spent
         roles[pid] = "load generator" if pid == load_generator else role(command)
     return CpuReading(time.monotonic(), ticks, roles, _machine(proc))
 
