@@ -264,3 +264,27 @@ async def test_answers_past_the_target_shrink_the_share_of_it_admission_aims_at(
     assert len(after) == pytest.approx((0.35 - floor) * RATE, abs=1)
     assert refused.refusal.limit == 350
     await drain(model, after)
+
+
+async def test_requests_still_waiting_past_their_prediction_tighten_admission_at_once() -> None:
+    """No answer has come back to teach the fit, but the oldest admitted request is already
+    late: everything behind it will be at least as late, and admission says so."""
+    queues, model, clock = make()
+    model.gate.clear()
+    admitted, _ = await fill(queues, NORMAL, limit=10)
+    clock.now += 0.3  # the first was predicted at 0.05 + 1 / 200 s: 0.245 s late now
+    assert queues.stats()["predicted_wait"]["late_ms"]["normal"] == pytest.approx(245.0)
+    # 0.05 + 11 / 200 + 0.245 = 0.35 s: still within normal's 0.5 s
+    fits = asyncio.create_task(queues.submit(NORMAL, ["fits"], None))
+    await settle()
+    assert not fits.done()
+    clock.now += 0.2  # 0.445 s late: 0.105 + 0.445 is past 0.5 s, with nothing answered
+    late = asyncio.create_task(queues.submit(NORMAL, ["late"], None))
+    await settle()
+    assert isinstance(late.exception(), Refused) and late.exception().refusal.reason == "wait"
+    # Realtime sits above normal at the replica's gate: normal's lateness is not its own.
+    realtime = asyncio.create_task(queues.submit(RT, ["rt"], None))
+    await settle()
+    assert not realtime.done()
+    await drain(model, [*admitted, fits, realtime])
+    assert queues.stats()["predicted_wait"]["late_ms"]["normal"] == 0.0

@@ -9,7 +9,9 @@ wait: the work (`work_of`, tokens for the encoders: `job_work.py`) admitted and 
 answered in the request's class and the classes above it, through the `WaitPredictor`,
 against the class's target or the request's deadline, the shorter. Every admitted
 request's measured latency corrects the predictor, and how often admitted requests missed
-their class's target sets how much of it admission aims at (`target_aim.py`).
+their class's target sets how much of it admission aims at (`target_aim.py`), and the
+admitted requests still waiting past their predicted answer add their lateness to the
+predictions behind them at once (`lateness.py`).
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from deployments.core.admission.admission import Admission, ClassLimits, Refusal, wait_refusal
 from deployments.core.admission.coalescer import Coalescer, DeadlineExpired, Send
+from deployments.core.admission.lateness import OpenLateness
 from deployments.core.admission.target_aim import TargetAim
 from deployments.core.admission.throughput import RateMeter
 from deployments.core.admission.wait_predictor import Prediction, WaitPredictor
@@ -29,6 +32,10 @@ from deployments.core.priority import ALL_PRIORITIES, Priority
 
 Job = TypeVar("Job")
 Outcome = TypeVar("Outcome")
+
+# An open request counts towards its class's lateness for twice its class's target (at
+# least this long): past that it is stuck, not late (lateness.py).
+MIN_LATENESS_WINDOW_S = 1.0
 
 
 class Refused(Exception):
@@ -73,6 +80,9 @@ class ClassQueues(Generic[Job, Outcome]):
         self.predictor = predictor or WaitPredictor()
         self._predict_wait = predict_wait
         self._clock = clock
+        self._lateness = OpenLateness(
+            {p: max(MIN_LATENESS_WINDOW_S, 2 * (s.target_s or 0.0)) for p, s in settings.items()}
+        )
         # Work admitted and not yet answered (queued here or in a call), per class.
         self._open_work = dict.fromkeys(ALL_PRIORITIES, 0)
         self._refused: dict[tuple[Priority, str], int] = {}
@@ -143,6 +153,11 @@ class ClassQueues(Generic[Job, Outcome]):
             raise Refused(priority, refusal)
         admitted = self._clock()
         self._open_work[priority] += work
+        token = (
+            None
+            if prediction is None
+            else self._lateness.admitted(priority, admitted, prediction.seconds)
+        )
         try:
             outcome = await self._coalescers[priority].submit(job, deadline, since)
         except DeadlineExpired:
@@ -152,6 +167,8 @@ class ClassQueues(Generic[Job, Outcome]):
             raise
         finally:
             self._open_work[priority] -= work
+            if token is not None:
+                self._lateness.closed(priority, token)
         self._meter.add(size)
         if prediction is not None:
             self._learn(priority, prediction, admitted, since)
@@ -175,6 +192,8 @@ class ClassQueues(Generic[Job, Outcome]):
     ) -> tuple[Prediction, Refusal | None]:
         ahead = self.work_ahead(priority)
         prediction = self.predictor.predict(priority, ahead, work)
+        if late := self._lateness.late_s(priority, self._clock()):
+            prediction = replace(prediction, seconds=prediction.seconds + late)
         budgets = []
         target = self._targets.get(priority)
         if target is not None:
@@ -189,6 +208,7 @@ class ClassQueues(Generic[Job, Outcome]):
         return prediction, wait_refusal(priority, prediction, min(budgets), ahead)
 
     def stats(self) -> dict[str, Any]:
+        now = self._clock()
         classes: dict[str, Any] = {}
         for priority, coalescer in self._coalescers.items():
             refused = {reason: n for (p, reason), n in self._refused.items() if p is priority and n}
@@ -199,6 +219,9 @@ class ClassQueues(Generic[Job, Outcome]):
                 "enabled": self._predict_wait,
                 **self.predictor.report(),
                 "target_aim": {p.label: a.report() for p, a in self._aims.items()},
+                "late_ms": {
+                    p.label: round(1e3 * self._lateness.late_s(p, now), 1) for p in ALL_PRIORITIES
+                },
             },
             "classes": classes,
         }
