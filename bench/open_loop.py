@@ -25,6 +25,19 @@ _CONNECTION_ERRORS = (
     asyncio.LimitOverrunError,
     ValueError,
 )
+_TRACED_BODY_BYTES = 200
+
+
+@dataclass(frozen=True)
+class TracedRequest:
+    """One request of a traced run, times on time.perf_counter(): due on the schedule, sent
+    (the client's own lag is sent - due), answered (the server's part is answered - sent)."""
+
+    due: float
+    sent: float
+    answered: float
+    status: int  # 0: no answer (a connection error or the timeout)
+    refusal: bytes = b""  # the first bytes of a non-200 body: who refused it
 
 
 @dataclass
@@ -76,8 +89,15 @@ class _Pool:
 
 
 class _Run:
-    def __init__(self, state: _State, pool: _Pool, timeout_s: float) -> None:
+    def __init__(
+        self,
+        state: _State,
+        pool: _Pool,
+        timeout_s: float,
+        trace: list[TracedRequest] | None = None,
+    ) -> None:
         self.state, self.pool, self.timeout_s = state, pool, timeout_s
+        self.trace = trace
         self.non_ok_total = 0
         self.all_status_counts: dict[int, int] = {}
         self.no_answer_total = 0
@@ -87,9 +107,11 @@ class _Run:
 
     async def one(self, request: bytes, due: float) -> None:
         writer: asyncio.StreamWriter | None = None
+        sent = due
         try:
             async with asyncio.timeout(self.timeout_s):
                 reader, writer = await self.pool.take()
+                sent = time.perf_counter()
                 writer.write(request)
                 status, body, keep_alive, retry_after, _ = await read_response(reader)
         except _CONNECTION_ERRORS as exc:
@@ -98,8 +120,13 @@ class _Run:
             if writer is not None:
                 writer.close()
             self.state.record_error(due, exc)
+            if self.trace is not None:
+                self.trace.append(TracedRequest(due, sent, time.perf_counter(), 0))
             return
         done = time.perf_counter()
+        if self.trace is not None:
+            refusal = b"" if status == 200 else body[:_TRACED_BODY_BYTES]
+            self.trace.append(TracedRequest(due, sent, done, status, refusal))
         if status != 200:
             self.non_ok_total += 1
         self.all_status_counts[status] = self.all_status_counts.get(status, 0) + 1
@@ -127,15 +154,17 @@ async def run_open_loop(
     warmup_s: float = 2.0,
     headers: dict[str, str] | None = None,
     request_timeout_s: float = 60.0,
+    trace: list[TracedRequest] | None = None,
 ) -> OpenLoopResult:
     """Send ``rate_per_s`` requests a second for ``warmup_s`` + ``duration_s`` seconds,
-    cycling through ``bodies``, and measure the requests due in the last ``duration_s``."""
+    cycling through ``bodies``, and measure the requests due in the last ``duration_s``.
+    With ``trace``, every request of the run is appended to it as it ends."""
     if not bodies or rate_per_s <= 0:
         raise ValueError("need bodies and a positive rate")
     requests = _encode_requests(host, port, path, bodies, headers)
     start = time.perf_counter()
     state = _State(start + warmup_s, start + warmup_s + duration_s)
-    run = _Run(state, _Pool(host, port), request_timeout_s)
+    run = _Run(state, _Pool(host, port), request_timeout_s, trace)
     tasks: set[asyncio.Task[None]] = set()
     max_lag = 0.0
     cpu0 = time.process_time()
