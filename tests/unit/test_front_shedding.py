@@ -72,6 +72,23 @@ def test_a_share_falls_fast_when_clients_back_off() -> None:
     assert shedding.advice(KEY).permille < high / 3  # halved at each window's close
 
 
+def test_a_second_in_which_admission_refused_nothing_keeps_a_steady_floods_share() -> None:
+    """At twice capacity a second can come in which admission takes all that reached it
+    (the model ran a little faster, fewer came): the flood behind the share is the same,
+    and halving the share would send the ingress several times the requests it can judge."""
+    clock = Clock()
+    shedding = FrontShedding(clock=clock)
+    run(shedding, clock, offered_per_s=400, capacity_per_s=100, seconds=10)
+    high = shedding.advice(KEY).permille
+    assert high == pytest.approx(1000 * (1 - 1.25 * 100 / 400), abs=60)
+    run(shedding, clock, offered_per_s=400, capacity_per_s=400, seconds=1)  # took them all
+    # That window closes with the next second's first arrival.
+    run(shedding, clock, offered_per_s=400, capacity_per_s=100, seconds=1)
+    assert shedding.advice(KEY).permille >= 0.85 * high  # halved, as first built: 0.51
+    run(shedding, clock, offered_per_s=400, capacity_per_s=100, seconds=3)
+    assert shedding.advice(KEY).permille == pytest.approx(high, abs=60)
+
+
 def test_nothing_is_shed_below_capacity_and_keys_are_apart() -> None:
     clock = Clock()
     shedding = FrontShedding(clock=clock)

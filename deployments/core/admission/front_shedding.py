@@ -52,6 +52,9 @@ class _Key:
     last_seen: float
     share: float = 0.0
     retry_after_s: int = 1
+    # What admission took a second in the last window in which it also refused some: the
+    # most it is known to take, while the model's speed holds.
+    admitted_per_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ class FrontShedding:
             state.retry_after_s = max(1, refused_retry_after_s)
         age = now - window.started
         if age >= 4 * WINDOW_S or (age >= WINDOW_S and window.arrivals >= MIN_ARRIVALS):
-            self._close(state)
+            self._close(state, age)
             state.window = _Window(now)
         return self.advice(key)
 
@@ -107,14 +110,24 @@ class FrontShedding:
             for key, state in self._keys.items()
         }
 
-    def _close(self, state: _Key) -> None:
+    def _close(self, state: _Key, seconds: float) -> None:
         window = state.window
         admitted = window.arrivals - window.refused
+        if window.refused:
+            state.admitted_per_s = admitted / seconds
+        elif state.admitted_per_s is not None:
+            # Admission took all it saw: what it could take is unknown, only that it is at
+            # least what it took here, and the last window that refused some says how much
+            # more. Under a steady flood the share stays; when the load falls below that,
+            # it falls to nothing at once. Halving it instead, as first built, let 7x the
+            # requests through to the ingress every ~10 s at twice capacity (a share of
+            # 0.93 halved), and the ingress, swamped by refusals, held the model back.
+            admitted = max(admitted, round(state.admitted_per_s * seconds))
         wanted = self._headroom * admitted  # what admission should see of `offered`
         estimate = min(CEILING, max(0.0, 1 - wanted / window.offered))
         old = state.share
         if window.refused == 0:
-            # Admission took all it saw: the demand behind the share is unknown, only that
-            # it fits. Probing back up by the headroom alone would take seconds; halve.
-            estimate = min(estimate, old / 2)
+            # Never a rise on a window that refused nothing; and with nothing known of what
+            # admission takes, probing back up by the headroom alone would take seconds: halve.
+            estimate = min(estimate, old if state.admitted_per_s is not None else old / 2)
         state.share = estimate if estimate < old else GAIN * estimate + (1 - GAIN) * old
