@@ -125,7 +125,15 @@ def launch(
             cwd=root,
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own group: a last-resort kill hits only it
+            # Its own process group, so that a last-resort kill hits only it; in the caller's
+            # session, not a new one: with kernel.sched_autogroup_enabled (the default on
+            # most distributions) a session is a scheduling group of its own, weighed as one
+            # process at niceness 0 against the caller's, and a load generator beside the
+            # server then waited up to a second for a core behind replicas that Ray starts
+            # at niceness 15 so that they yield to the machine's other work
+            # (docs/reliability.md, "The load generator's lag, traced").
+            process_group=0,
+            stdin=subprocess.DEVNULL,
             env={**os.environ, **(environment or {})},
         )
     return Server(config["http_options"]["port"], process, log, config_path, metrics_port)
