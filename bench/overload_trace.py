@@ -71,10 +71,14 @@ def _spread_ms(values: list[float]) -> dict[str, float]:
 
 
 def split(trace: Iterable[TracedRequest]) -> dict[str, dict[str, Any]]:
-    """Per outcome: how many, and the p50/p90/p99 of the total, the lag and the server."""
+    """Per outcome: how many, and the p50/p90/p99 of the total, the lag and the server.
+    "refused" holds every refusal, whoever made it: the overload test's measure."""
     groups: dict[str, list[TracedRequest]] = {}
     for request in trace:
         groups.setdefault(outcome(request), []).append(request)
+    refused = groups.get("front door", []) + groups.get("ingress", [])
+    if refused:
+        groups["refused"] = refused
     return {
         name: {
             "count": len(group),

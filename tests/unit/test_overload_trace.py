@@ -42,6 +42,15 @@ def test_split_separates_the_clients_lag_from_the_servers_part() -> None:
     assert answered["total_ms"]["p99"] == 201.0  # the one late send is past the p99 rank
     assert groups["front door"]["count"] == 10
     assert groups["front door"]["server_ms"]["p99"] == 3.0
+    assert groups["refused"]["count"] == 10  # whoever refused: the test's measure
+
+
+def test_the_refusals_together_take_the_slow_ingress_ones_into_their_tail() -> None:
+    trace = [req(0, 0, 0.002, 429, FRONT) for _ in range(95)]
+    trace += [req(0, 0, 0.150, 429, INGRESS) for _ in range(5)]
+    refused = split(trace)["refused"]
+    assert refused["count"] == 100
+    assert refused["server_ms"] == {"p50": 2.0, "p90": 2.0, "p99": 150.0}
 
 
 def test_goodput_counts_answers_within_their_class_target_due_in_the_window() -> None:
