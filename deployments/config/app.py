@@ -85,7 +85,7 @@ class AdmissionConfig(StrictModel):
         "since the queue it keeps short would not ask (docs/operations.md).",
     )
     front_door_headroom: float | None = Field(
-        1.25,
+        1.1,
         gt=1,
         description="With HAProxy in front (the `throughput` and `haproxy` modes), it "
         "refuses at random a share of normal- and batch-class embedding and rerank requests "

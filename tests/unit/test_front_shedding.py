@@ -77,7 +77,7 @@ def test_a_second_in_which_admission_refused_nothing_keeps_a_steady_floods_share
     (the model ran a little faster, fewer came): the flood behind the share is the same,
     and halving the share would send the ingress several times the requests it can judge."""
     clock = Clock()
-    shedding = FrontShedding(clock=clock)
+    shedding = FrontShedding(headroom=1.25, clock=clock)
     run(shedding, clock, offered_per_s=400, capacity_per_s=100, seconds=10)
     high = shedding.advice(KEY).permille
     assert high == pytest.approx(1000 * (1 - 1.25 * 100 / 400), abs=60)

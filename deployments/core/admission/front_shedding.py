@@ -64,7 +64,7 @@ class Advice:
 
 
 class FrontShedding:
-    def __init__(self, headroom: float = 1.25, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, headroom: float = 1.1, clock: Callable[[], float] = time.monotonic) -> None:
         if headroom <= 1:
             raise ValueError("headroom must be over 1: admission has to see some excess")
         self._headroom = headroom
