@@ -26,25 +26,29 @@ import json
 import math
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from bench.llm_workload import percentile
 from bench.loadgen import embedding_bodies, run_closed_loop
 from bench.open_loop import TracedRequest, run_open_loop
 from bench.server import load_config, running_server
 from bench.texts import sentences
 from deployments.bin.haproxy_front_door import FRONT_REFUSAL
 from deployments.config import AppConfig
+from deployments.core.priority import PriorityName
 
+# The overload test's load (tests/reliability/test_overload.py takes it from here).
 EMBEDDER = "all-MiniLM-L6-v2"
 CALIBRATION_CLIENTS = 64
 CALIBRATION_S = 15.0
-BATCH_SHARE = 0.5  # of the capacity, beside normal's 2x, as in the overload test
+BATCH_SHARE = 0.5  # of the capacity, beside normal's 2x
 REALTIME_PER_S = 10.0
+# Past the normal class's 60 s deadline: a request still unanswered then was lost.
 REQUEST_TIMEOUT_S = 90.0
 RESULTS = Path(__file__).parent / "results"
 _FRONT_DOOR = FRONT_REFUSAL.encode()[:40]
@@ -58,15 +62,8 @@ def outcome(request: TracedRequest) -> str:
     return "other" if request.status else "no answer"
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest rank, 0 for none."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered), max(1, math.ceil(q / 100 * len(ordered)))) - 1]
-
-
 def _spread_ms(values: list[float]) -> dict[str, float]:
+    # `split` makes no empty groups: every percentile here has values.
     return {f"p{q}": round(1e3 * percentile(values, q), 1) for q in (50, 90, 99)}
 
 
@@ -130,10 +127,11 @@ def config(front_door_headroom: float | None) -> dict[str, Any]:
     return loaded
 
 
-def targets_s() -> dict[str, float]:
+def targets_ms() -> dict[PriorityName, float]:
+    """Each class's latency target in serve_config.yaml."""
     args = load_config()["applications"][0]["args"]
     admission = AppConfig.model_validate(args).ingress.admission
-    return {label: admission.target_ms(label) / 1e3 for label in ("realtime", "normal", "batch")}
+    return {label: admission.target_ms(label) for label in ("realtime", "normal", "batch")}
 
 
 @dataclass(frozen=True)
@@ -283,7 +281,8 @@ def main(argv: list[str] | None = None) -> None:
         running_server(config(args.front_door_headroom), Path(work)) as server,
     ):
         run = asyncio.run(traced_overload(server.port, args.seconds))
-    summary = summarize(run, targets_s(), args.seconds, args.settle_s)
+    targets_s = {label: ms / 1e3 for label, ms in targets_ms().items()}
+    summary = summarize(run, targets_s, args.seconds, args.settle_s)
     print_summary(summary)
     path = args.json or RESULTS / f"overload-trace-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -23,10 +23,16 @@ import pytest
 
 from bench.loadgen import embedding_bodies, run_closed_loop
 from bench.open_loop import OpenLoopResult, run_open_loop
+from bench.overload_trace import (
+    BATCH_SHARE,
+    CALIBRATION_CLIENTS,
+    REALTIME_PER_S,
+    REQUEST_TIMEOUT_S,
+    targets_ms,
+)
 from bench.process_cpu import cores_between, read_cpu
-from bench.server import Server, load_config
+from bench.server import Server
 from bench.texts import sentences
-from deployments.config import AppConfig
 from deployments.core.priority import PriorityName
 from tests.reliability import report
 from tests.reliability.procs import find, realtime_ingress_pid, rss_mib
@@ -35,16 +41,11 @@ from tests.reliability.settings import is_full, sizes
 pytestmark = pytest.mark.reliability
 
 SIZES = sizes()
-CALIBRATION_CONCURRENCY = 64
 ALLOWED = {200, 429, 503}
-# Past the normal class's 60 s deadline: a request still unanswered then was lost.
-REQUEST_TIMEOUT_S = 90
 RSS_GROWTH_LIMIT_MIB = 256  # generous: a leak under 2x load grows without bound
 SETTLE_S = 5
 # Unloaded, an embedding answers in tens of ms; a median over this means requests queued.
 SATURATED_P50_MS = 1000
-BATCH_SHARE = 0.5  # of the capacity, beside normal's 2x
-REALTIME_PER_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -65,12 +66,6 @@ class Goals:
 MIN_REFUSALS_TIMED = 20
 FULL = Goals(99, target_factor=1.0, uncontended_factor=5.0, refusal_ms=20, goodput_share=0.9)
 BOUNDED = Goals(50, target_factor=2.0, uncontended_factor=None, refusal_ms=50, goodput_share=0.15)
-
-
-def targets_ms() -> dict[PriorityName, float]:
-    args = load_config()["applications"][0]["args"]
-    admission = AppConfig.model_validate(args).ingress.admission
-    return {label: admission.target_ms(label) for label in ("realtime", "normal", "batch")}
 
 
 def watched_processes(server: Server, embedder: str) -> dict[str, int]:
@@ -199,7 +194,7 @@ async def test_twice_capacity_admits_what_it_can_serve_in_time_and_refuses_the_r
         "/v1/embeddings",
         bodies,
         texts,
-        CALIBRATION_CONCURRENCY,
+        CALIBRATION_CLIENTS,
         SIZES.calibrate_s,
         warmup_s=2,
         progress=False,
