@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from deployments.backends.runtimes.openvino_import import import_openvino
+
 RUNTIMES = (
     "torch-fp32",
     "torch-bf16",
@@ -186,8 +188,7 @@ def openvino_forward(
     """`shape_cache`: the input shapes whose builds the plugin keeps; None leaves the
     plugin's own default (bench/openvino_shapes.py compares them)."""
     os.environ.setdefault(ONEDNN_CACHE_VARIABLE, str(ONEDNN_KERNELS))
-    import openvino as ov
-
+    ov = import_openvino()
     core = ov.Core()
     # OpenVINO keeps the compiled model beside the export and reloads it next start
     # (~0.1 s instead of ~0.4 s to read and compile MiniLM); it keys the blob by the
