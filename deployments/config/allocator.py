@@ -20,6 +20,15 @@ from typing import Any, Literal
 Allocator = Literal["jemalloc", "system"]
 
 PRELOAD = "LD_PRELOAD"
+# glibc gives a thread that meets a busy arena a new one, reserving 64 MiB of address space
+# at once (and 64 more each time such an arena outgrows its heap). In a fenced replica, one
+# thread started after the fence (Ray's, the metrics flusher) could so take most of a
+# 100 MiB headroom, and every input, even alone, would fail its pass. With one arena, set
+# from the process's start (glibc fixes its arena limit early), the heap grows only by what
+# is allocated. The fenced replica runs one pass at a time, so its threads seldom meet at
+# malloc's lock. The served tests set 2 by hand before this did.
+FENCED_ARENAS = "MALLOC_ARENA_MAX"
+FENCED_ARENA_MAX = 1
 
 
 def jemalloc_path() -> Path | None:
@@ -37,16 +46,24 @@ def with_allocator(
 ) -> dict[str, Any]:
     """`actor_options` (Serve's `ray_actor_options`) with jemalloc preloaded through the
     runtime_env's env_vars. Left as they are: `system`; a runtime_env that names its own
-    LD_PRELOAD; a replica fenced by an address-space limit (`memory_limit_mib`), whose
-    headroom is measured against glibc's way of mapping (jemalloc keeps address space it
-    has used, which the limit would count as spent)."""
-    path = jemalloc_path() if allocator == "jemalloc" and not address_space_fenced else None
+    LD_PRELOAD. A replica fenced by an address-space limit (`memory_limit_mib`) keeps
+    glibc, whose way of mapping its headroom is measured against (jemalloc keeps address
+    space it has used, which the limit would count as spent), with its arenas capped."""
+    if address_space_fenced:
+        return _with_env(actor_options, FENCED_ARENAS, str(FENCED_ARENA_MAX))
+    path = jemalloc_path() if allocator == "jemalloc" else None
     if path is None:
         return actor_options
+    return _with_env(actor_options, PRELOAD, str(path))
+
+
+def _with_env(actor_options: dict[str, Any], name: str, value: str) -> dict[str, Any]:
+    """`actor_options` with `name=value` in the runtime_env's env_vars, unless the user's
+    options already set it (then they are returned as they are)."""
     runtime_env = dict(actor_options.get("runtime_env") or {})
     env_vars = dict(runtime_env.get("env_vars") or {})
-    if PRELOAD in env_vars:
+    if name in env_vars:
         return actor_options
-    env_vars[PRELOAD] = str(path)
+    env_vars[name] = value
     runtime_env["env_vars"] = env_vars
     return {**actor_options, "runtime_env": runtime_env}

@@ -18,6 +18,8 @@ import sys
 
 import torch
 
+from deployments.core.process_status import status_kib
+
 logger = logging.getLogger("ray.serve")
 
 _MEMORY_MESSAGES = re.compile(
@@ -52,7 +54,7 @@ def apply_memory_fence(device: str, gpu_memory_fraction: float | None) -> str | 
     return f"gpu_memory_fraction {gpu_memory_fraction:g}"
 
 
-def apply_memory_limit(limit_mib: int | None) -> str | None:
+def apply_memory_limit(limit_mib: int | None) -> AddressSpaceLimit | None:
     """On Linux, limits the process's address space to what it uses now plus `limit_mib`, so
     a batch too big for it fails in the allocator (and is split) instead of the kernel's OOM
     killer ending the replica. Call after the model has loaded and warmed up."""
@@ -62,11 +64,82 @@ def apply_memory_limit(limit_mib: int | None) -> str | None:
         logger.warning("memory_limit_mib ignored: it needs Linux (RLIMIT_AS)")
         return None
     _return_large_blocks()
-    with open("/proc/self/status") as status:
-        size_kib = next(int(line.split()[1]) for line in status if line.startswith("VmSize:"))
-    limit = size_kib * 1024 + limit_mib * 2**20
-    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
-    return f"address space {size_kib // 1024} MiB + memory_limit_mib {limit_mib}"
+    return AddressSpaceLimit(limit_mib)
+
+
+class AddressSpaceLimit:
+    """RLIMIT_AS at the address space in use when it is set plus `limit_mib`, and a stack's
+    worth more for each thread started since. A thread's stack is address space, rarely
+    memory: Ray, gRPC and the logging start threads as requests come, and a limit that
+    counted their stacks (8 MiB each) would leave the passes less room with each one; a
+    CI run's fenced replica came to refuse every input alone. The limit follows the most
+    threads seen, never back down: glibc keeps the stacks of ended threads for reuse."""
+
+    def __init__(self, limit_mib: int) -> None:
+        self.limit_mib = limit_mib
+        self.used_at = _status_count("VmSize") * 1024
+        self.threads_at = _status_count("Threads")
+        self.peak_threads = self.threads_at
+        self.stack_bytes = _thread_stack_bytes()
+        self._set()
+
+    @property
+    def limit_bytes(self) -> int:
+        started = self.peak_threads - self.threads_at
+        return self.used_at + self.limit_mib * 2**20 + started * self.stack_bytes
+
+    def follow_threads(self) -> None:
+        """Before a pass: room for the stacks of threads started since the last look."""
+        threads = status_kib("Threads")
+        if threads is not None and threads > self.peak_threads:
+            self.peak_threads = threads
+            self._set()
+
+    def describe(self) -> str:
+        return f"address space {self.used_at // 2**20} MiB + memory_limit_mib {self.limit_mib}"
+
+    def report(self) -> dict[str, int | None]:
+        """The address space then and now, and what the threads started since were given."""
+        return {
+            "at_limit_bytes": self.used_at,
+            "threads_at_limit": self.threads_at,
+            "threads_since": self.peak_threads - self.threads_at,
+            "stack_bytes": self.stack_bytes,
+            **address_space(),
+        }
+
+    def _set(self) -> None:
+        hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+        resource.setrlimit(resource.RLIMIT_AS, (self.limit_bytes, hard))
+
+
+def address_space() -> dict[str, int | None]:
+    """The process's address space against its limit (Linux): what a fenced replica has
+    left for its passes, and its threads."""
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    used = _status_count("VmSize") * 1024
+    limit = None if soft == resource.RLIM_INFINITY else soft
+    return {
+        "used_bytes": used,
+        "limit_bytes": limit,
+        "room_bytes": None if limit is None else limit - used,
+        "threads": _status_count("Threads"),
+    }
+
+
+def _status_count(field: str) -> int:
+    value = status_kib(field)
+    if value is None:
+        raise OSError(f"/proc/self/status has no {field}")
+    return value
+
+
+def _thread_stack_bytes() -> int:
+    """What glibc maps for a new thread's stack by default: the stack limit, plus its guard
+    page (8 MiB where the limit is unlimited, as Linux's default)."""
+    soft = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    size = 8 * 2**20 if soft == resource.RLIM_INFINITY else soft
+    return size + resource.getpagesize()
 
 
 # glibc's mallopt parameters (malloc.h).

@@ -85,11 +85,7 @@ def serve_test_config(cross_encoder_dir: Path | None = None) -> dict:
     fenced = copy.deepcopy(args["embedding_models"][0])
     fenced.update(name=FENCED_MODEL, torch_threads=1, memory_limit_mib=FENCED_HEADROOM_MIB)
     fenced["deployment"]["ray_actor_options"]["num_cpus"] = 0
-    # Fewer malloc arenas: each thread's arena reserves 64 MiB of address space, which
-    # would make the limit's real headroom depend on how many threads Ray has started.
-    fenced["deployment"]["ray_actor_options"]["runtime_env"] = {
-        "env_vars": {"MALLOC_ARENA_MAX": "2"}
-    }
+    # Its arenas are capped by the app itself (config/allocator.py), as for any fenced model.
     args["embedding_models"].append(fenced)
     args["auth"] = {
         "tenants": [

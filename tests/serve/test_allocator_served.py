@@ -20,6 +20,11 @@ def _on_jemalloc(pid: int) -> bool:
     return "libjemalloc" in Path(f"/proc/{pid}/maps").read_text()
 
 
+def _environment(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(entry.decode().partition("=")[::2] for entry in raw if b"=" in entry)
+
+
 def test_every_replica_but_the_fenced_one_runs_on_jemalloc(server: Server) -> None:
     for model in (MODEL, FENCED_MODEL):  # both up and answering first
         response = httpx.post(
@@ -33,3 +38,5 @@ def test_every_replica_but_the_fenced_one_runs_on_jemalloc(server: Server) -> No
     fenced = set(find(server, f"ServeReplica:tributary:embed-{FENCED_MODEL}"))
     assert fenced and len(replicas) > len(fenced) + 3, replicas
     assert {pid for pid, on in replicas.items() if not on} == fenced, replicas
+    # The fenced one keeps glibc with one arena: no arena's 64 MiB reservation after the fence.
+    assert all(_environment(pid).get("MALLOC_ARENA_MAX") == "1" for pid in fenced)

@@ -10,7 +10,13 @@ import pytest
 import yaml
 
 from deployments.app import build_app
-from deployments.config.allocator import PRELOAD, jemalloc_path, with_allocator
+from deployments.config.allocator import (
+    FENCED_ARENA_MAX,
+    FENCED_ARENAS,
+    PRELOAD,
+    jemalloc_path,
+    with_allocator,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="LD_PRELOAD")
@@ -49,8 +55,47 @@ def test_a_preload_of_the_users_own_is_kept() -> None:
     assert with_allocator(options, "jemalloc") == options
 
 
-def test_a_replica_fenced_by_an_address_space_limit_keeps_glibc() -> None:
-    assert with_allocator({"num_cpus": 0}, "jemalloc", address_space_fenced=True) == {"num_cpus": 0}
+def test_a_replica_fenced_by_an_address_space_limit_keeps_glibc_with_its_arenas_capped() -> None:
+    fenced = with_allocator({"num_cpus": 0}, "jemalloc", address_space_fenced=True)
+    assert fenced == {"num_cpus": 0, "runtime_env": {"env_vars": {FENCED_ARENAS: "1"}}}
+    own = {"runtime_env": {"env_vars": {FENCED_ARENAS: "4"}}}
+    assert with_allocator(own, "system", address_space_fenced=True) == own
+
+
+@linux_only
+def test_capped_arenas_keep_a_fences_room_for_the_passes_when_threads_start_after_it() -> None:
+    """Three threads that start after a 100 MiB fence and allocate side by side: on
+    glibc's defaults one of them got an arena of its own (64 MiB of the room); capped,
+    they take only their stacks."""
+    script = (
+        "import ctypes, threading, time\n"
+        "from deployments.replicas.memory import _libc, address_space, apply_memory_limit\n"
+        "libc = _libc()\n"
+        "libc.malloc.restype = ctypes.c_void_p\n"
+        "libc.free.argtypes = [ctypes.c_void_p]\n"
+        "def churn(stop):\n"
+        "    while not stop.is_set():\n"
+        "        libc.free(libc.malloc(200))\n"
+        "stop = threading.Event()\n"
+        "old = [threading.Thread(target=churn, args=(stop,)) for _ in range(4)]\n"
+        "[t.start() for t in old]\n"
+        "time.sleep(0.3)\n"
+        "apply_memory_limit(100)\n"
+        "new = [threading.Thread(target=churn, args=(stop,)) for _ in range(3)]\n"
+        "[t.start() for t in new]\n"
+        "time.sleep(0.5)\n"
+        "room = address_space()['room_bytes']\n"
+        "stop.set()\n"
+        "[t.join() for t in old + new]\n"
+        "print(room // 2**20)\n"
+    )
+    env = {FENCED_ARENAS: str(FENCED_ARENA_MAX), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    room_mib = int(out.stdout)
+    assert room_mib >= 100 - 3 * 8 - 8, f"{room_mib} MiB of the fence's 100 left"
 
 
 def _preloads(args: dict) -> dict[str, str | None]:

@@ -15,7 +15,7 @@ from deployments.core.memory.token_ceiling import TokenCeiling
 from deployments.core.metrics.metrics import TributaryMetrics
 from deployments.replicas.batched.model_threads import ModelThreads
 from deployments.replicas.device_memory import DeviceMemory
-from deployments.replicas.memory import apply_memory_limit
+from deployments.replicas.memory import AddressSpaceLimit, apply_memory_limit
 
 logger = logging.getLogger("ray.serve")
 
@@ -45,6 +45,7 @@ class ReplicaMemory:
             "probe": None,
         }
         self._device_read = 0.0
+        self._limit: AddressSpaceLimit | None = None
 
     def probe(
         self,
@@ -87,7 +88,13 @@ class ReplicaMemory:
 
     def limit(self) -> None:
         """After warm-up: the address space the replica may still add, if configured."""
-        self._report["limit"] = apply_memory_limit(self._config.memory_limit_mib)
+        self._limit = apply_memory_limit(self._config.memory_limit_mib)
+        self._report["limit"] = None if self._limit is None else self._limit.describe()
+
+    def follow_threads(self) -> None:
+        """Before a pass, under a limit: room for the stacks of threads started since."""
+        if self._limit is not None:
+            self._limit.follow_threads()
 
     def faulted(self, report: SplitReport) -> None:
         """A pass ran out of memory and was split (core/memory/split_retry.py)."""
@@ -116,5 +123,9 @@ class ReplicaMemory:
         return snapshot
 
     def report(self) -> dict[str, Any]:
-        """Faults, fence, limit and probe, for the replica's info."""
-        return dict(self._report)
+        """Faults, fence, limit and probe, for the replica's info; under a limit, its
+        address space then and now."""
+        report = dict(self._report)
+        if self._limit is not None:
+            report["address_space"] = self._limit.report()
+        return report
