@@ -46,7 +46,7 @@ from typing import Any
 import httpx
 
 from bench.loadgen import embedding_bodies
-from bench.open_loop import run_open_loop
+from bench.open_loop import OpenLoopResult, run_open_loop
 from bench.server import load_config, running_server
 from bench.texts import sentences
 
@@ -77,6 +77,8 @@ class Round:
     # delay, which the open loop charges to the server (latency runs from when it was due).
     alone_send_lag_ms: float = 0.0
     flooded_send_lag_ms: float = 0.0
+    # What the failed realtime requests got: status -> count (0: no answer in time).
+    realtime_failures: dict[int, int] = field(default_factory=dict)
 
     @property
     def p99_ratio(self) -> float:
@@ -276,7 +278,20 @@ async def one_round(url: str, port: int, rate: float, duration_s: float) -> Roun
         flood_refused=flood.refused,
         alone_send_lag_ms=round(alone.max_send_lag_ms, 1),
         flooded_send_lag_ms=round(flooded.max_send_lag_ms, 1),
+        realtime_failures=_failures(alone, flooded),
     )
+
+
+def _failures(*runs: OpenLoopResult) -> dict[int, int]:
+    """Non-200 answers of `runs` by status, warm-ups included; 0 counts no answer."""
+    found: dict[int, int] = {}
+    for run in runs:
+        for status, count in run.all_status_counts.items():
+            if status != 200:
+                found[status] = found.get(status, 0) + count
+        if run.no_answer_total:
+            found[0] = found.get(0, 0) + run.no_answer_total
+    return found
 
 
 async def swap_shares(

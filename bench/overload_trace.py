@@ -142,10 +142,15 @@ class TracedRun:
     # Every second of the 2x load, what the ingress that takes normal and batch said of
     # its admission: the embedder's `predicted_wait` and HAProxy's shares.
     admission: list[dict[str, Any]]
+    # The load generator's own CPU (this process), in cores, during the closed loop that
+    # measured capacity and during the 2x load: on a small machine it shares the cores
+    # with the server, and 2.5x the requests a second cost it more.
+    client_cores: dict[str, float]
 
 
 async def traced_overload(port: int, seconds: float) -> TracedRun:
     bodies = embedding_bodies(sentences(2000), 1, EMBEDDER, 256)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
     closed = await run_closed_loop(
         "127.0.0.1",
         port,
@@ -159,9 +164,11 @@ async def traced_overload(port: int, seconds: float) -> TracedRun:
         honor_retry_after=True,
     )
     capacity = closed.req_per_s
+    calibration_cores = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
     rates = {"normal": 2 * capacity, "batch": BATCH_SHARE * capacity, "realtime": REALTIME_PER_S}
     traces: dict[str, list[TracedRequest]] = {label: [] for label in rates}
     start = time.perf_counter()
+    cpu_start = time.process_time()
     admission: list[dict[str, Any]] = []
     sampler = asyncio.create_task(sample_admission(port, start, admission))
     await asyncio.gather(
@@ -181,9 +188,11 @@ async def traced_overload(port: int, seconds: float) -> TracedRun:
             for label, rate in rates.items()
         )
     )
+    overload_cores = (time.process_time() - cpu_start) / (time.perf_counter() - start)
     sampler.cancel()
     await asyncio.gather(sampler, return_exceptions=True)
-    return TracedRun(capacity, start, traces, admission)
+    cores = {"calibration": round(calibration_cores, 3), "overload": round(overload_cores, 3)}
+    return TracedRun(capacity, start, traces, admission, cores)
 
 
 async def sample_admission(port: int, start: float, into: list[dict[str, Any]]) -> None:
@@ -217,6 +226,7 @@ def summarize(
         "goodput_share_after_settle": round(
             goodput_share(traces, targets, capacity, start + settle_s, end), 3
         ),
+        "client_cores": run.client_cores,
         "classes": {label: split(trace) for label, trace in traces.items()},
         "classes_after_settle": {
             label: split(r for r in trace if r.due >= start + settle_s)
@@ -245,6 +255,11 @@ def print_summary(summary: Mapping[str, Any]) -> None:
         f"capacity {summary['capacity_req_per_s']} req/s; goodput {summary['goodput_share']}x"
         f" over the run, {summary['goodput_share_after_settle']}x after the first"
         f" {summary['settle_s']:g} s"
+    )
+    cores = summary.get("client_cores") or {}
+    print(
+        f"the load generator's CPU: {cores.get('calibration')} cores while capacity was"
+        f" measured, {cores.get('overload')} under the 2x load"
     )
     print("the whole run:")
     print_classes(summary["classes"])

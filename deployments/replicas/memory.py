@@ -71,9 +71,10 @@ class AddressSpaceLimit:
     """RLIMIT_AS at the address space in use when it is set plus `limit_mib`, and a stack's
     worth more for each thread started since. A thread's stack is address space, rarely
     memory: Ray, gRPC and the logging start threads as requests come, and a limit that
-    counted their stacks (8 MiB each) would leave the passes less room with each one; a
-    CI run's fenced replica came to refuse every input alone. The limit follows the most
-    threads seen, never back down: glibc keeps the stacks of ended threads for reuse."""
+    counted their stacks (8 MiB each) would leave the passes less room with each one (a
+    CI run's fenced replica once refused every input alone, cause unconfirmed; this is one
+    way to get there). The limit follows the most threads seen, never back down: glibc
+    keeps the stacks of ended threads for reuse."""
 
     def __init__(self, limit_mib: int) -> None:
         self.limit_mib = limit_mib
@@ -110,7 +111,8 @@ class AddressSpaceLimit:
 
     def _set(self) -> None:
         hard = resource.getrlimit(resource.RLIMIT_AS)[1]
-        resource.setrlimit(resource.RLIMIT_AS, (self.limit_bytes, hard))
+        soft = self.limit_bytes if hard == resource.RLIM_INFINITY else min(self.limit_bytes, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def address_space() -> dict[str, int | None]:

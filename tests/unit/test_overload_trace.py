@@ -76,7 +76,8 @@ def test_onset_goes_second_by_second_and_the_summary_holds_it_all(
     assert rows[1]["front door"] == {"count": 1, "server_p90_ms": 2.0}
     sampled = {"target_aim": {"normal": {"aim": 0.7}}, "late_ms": {"normal": 12.5}}
     admission = [{"second": 1.0, "predicted_wait": sampled, "front_door_shares": None}]
-    run = TracedRun(2.0, 0.0, {"normal": trace, "batch": [], "realtime": []}, admission)
+    cores = {"calibration": 0.4, "overload": 0.9}
+    run = TracedRun(2.0, 0.0, {"normal": trace, "batch": [], "realtime": []}, admission, cores)
     summary = summarize(run, {"normal": 0.5, "batch": 30, "realtime": 0.1}, 2, 1)
     assert summary["goodput_share"] == pytest.approx(1 / 2 / 2)
     assert summary["goodput_share_after_settle"] == pytest.approx(1 / 1 / 2)
@@ -85,5 +86,6 @@ def test_onset_goes_second_by_second_and_the_summary_holds_it_all(
     print_summary(summary)
     printed = capsys.readouterr().out
     assert "goodput 0.25x over the run, 0.5x after the first 1 s" in printed
+    assert "0.4 cores while capacity was measured, 0.9 under the 2x load" in printed
     assert "normal    front door" in printed
     assert "     0                1  0.7    -/-/-                   12.5     None" in printed
