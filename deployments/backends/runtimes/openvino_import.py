@@ -22,10 +22,13 @@ import functools
 import glob
 import importlib.util
 import os
+import threading
 from pathlib import Path
 from types import ModuleType
 
 _TELEMETRY_OFF = "CI"
+# Two model threads may build OpenVINO runtimes at once: one import, one environment change.
+_IMPORTING = threading.Lock()
 
 
 def openvino_libs() -> Path | None:
@@ -50,9 +53,14 @@ def preload_hwloc(libs: Path | None) -> list[str]:
     return loaded
 
 
-@functools.cache
 def import_openvino() -> ModuleType:
     """`openvino`, imported once per process the safe way (see the module's doc)."""
+    with _IMPORTING:
+        return _import_once()
+
+
+@functools.cache
+def _import_once() -> ModuleType:
     preload_hwloc(openvino_libs())
     before = os.environ.get(_TELEMETRY_OFF)
     os.environ[_TELEMETRY_OFF] = "true"
