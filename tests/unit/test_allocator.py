@@ -89,12 +89,7 @@ def test_capped_arenas_keep_a_fences_room_for_the_passes_when_threads_start_afte
         "[t.join() for t in old + new]\n"
         "print(room // 2**20)\n"
     )
-    env = {FENCED_ARENAS: str(FENCED_ARENA_MAX), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True
-    )
-    assert out.returncode == 0, out.stderr
-    room_mib = int(out.stdout)
+    room_mib = int(_run_fresh(script, {FENCED_ARENAS: str(FENCED_ARENA_MAX)}))
     assert room_mib >= 100 - 3 * 8 - 8, f"{room_mib} MiB of the fence's 100 left"
 
 
@@ -147,9 +142,18 @@ def _run_preloaded(script: str) -> str:
     takes effect only at a process's start)."""
     path = jemalloc_path()
     assert path is not None
-    env = {PRELOAD: str(path), "PATH": "/usr/bin:/bin"}
+    return _run_fresh(script, {PRELOAD: str(path)})
+
+
+def _run_fresh(script: str, env: dict[str, str]) -> str:
+    """`script`'s output, run by a Python started with only `env` (and a PATH) set: what
+    takes effect only at a process's start, or binds the whole process."""
     out = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**env, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
     )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
