@@ -68,44 +68,45 @@ def apply_memory_limit(limit_mib: int | None) -> AddressSpaceLimit | None:
 
 
 class AddressSpaceLimit:
-    """RLIMIT_AS at the address space in use when it is set plus `limit_mib`, and a stack's
-    worth more for each thread started since. A thread's stack is address space, rarely
-    memory: Ray, gRPC and the logging start threads as requests come, and a limit that
-    counted their stacks (8 MiB each) would leave the passes less room with each one (a
-    CI run's fenced replica once refused every input alone, cause unconfirmed; this is one
-    way to get there). The limit follows the most threads seen, never back down: glibc
-    keeps the stacks of ended threads for reuse."""
+    """RLIMIT_AS at the address space the replica holds plus `limit_mib`, set again before
+    every pass: the fence bounds what one pass may add, so what the replica keeps between
+    passes does not eat the next pass's room. It keeps some for good: the stacks of threads
+    that Ray, gRPC and the logging start as requests come (8 MiB of address space each,
+    kept by glibc for reuse), heap that a long-lived block pins above freed memory, the code
+    oneDNN generates for each new shape. A limit fixed once at warm-up counted all of that
+    as spent, and a CI run's fenced replica refused every input alone (413) after a burst
+    with no new thread: its room had gone between passes, not in them."""
 
     def __init__(self, limit_mib: int) -> None:
         self.limit_mib = limit_mib
         self.used_at = _status_count("VmSize") * 1024
         self.threads_at = _status_count("Threads")
-        self.peak_threads = self.threads_at
-        self.stack_bytes = _thread_stack_bytes()
+        self.base = self.used_at
         self._set()
 
     @property
     def limit_bytes(self) -> int:
-        started = self.peak_threads - self.threads_at
-        return self.used_at + self.limit_mib * 2**20 + started * self.stack_bytes
+        return self.base + self.limit_mib * 2**20
 
-    def follow_threads(self) -> None:
-        """Before a pass: room for the stacks of threads started since the last look."""
-        threads = status_kib("Threads")
-        if threads is not None and threads > self.peak_threads:
-            self.peak_threads = threads
+    def before_pass(self) -> None:
+        """Re-bases the limit on the address space held now (one read of /proc/self/status
+        and a setrlimit: microseconds, against a pass's milliseconds)."""
+        held = status_kib("VmSize")
+        if held is not None and held * 1024 != self.base:
+            self.base = held * 1024
             self._set()
 
     def describe(self) -> str:
-        return f"address space {self.used_at // 2**20} MiB + memory_limit_mib {self.limit_mib}"
+        return f"address space held before each pass + memory_limit_mib {self.limit_mib}"
 
     def report(self) -> dict[str, int | None]:
-        """The address space then and now, and what the threads started since were given."""
+        """The address space when the limit was first set, before the last pass, and now:
+        what the replica kept between passes since the fence, and the room left."""
         return {
             "at_limit_bytes": self.used_at,
             "threads_at_limit": self.threads_at,
-            "threads_since": self.peak_threads - self.threads_at,
-            "stack_bytes": self.stack_bytes,
+            "base_bytes": self.base,
+            "kept_since_limit_bytes": self.base - self.used_at,
             **address_space(),
         }
 
@@ -134,14 +135,6 @@ def _status_count(field: str) -> int:
     if value is None:
         raise OSError(f"/proc/self/status has no {field}")
     return value
-
-
-def _thread_stack_bytes() -> int:
-    """What glibc maps for a new thread's stack by default: the stack limit, plus its guard
-    page (8 MiB where the limit is unlimited, as Linux's default)."""
-    soft = resource.getrlimit(resource.RLIMIT_STACK)[0]
-    size = 8 * 2**20 if soft == resource.RLIM_INFINITY else soft
-    return size + resource.getpagesize()
 
 
 # glibc's mallopt parameters (malloc.h).

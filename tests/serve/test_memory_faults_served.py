@@ -48,11 +48,10 @@ def test_a_burst_that_runs_out_of_memory_is_answered_in_full(server: Server) -> 
     responses = asyncio.run(burst())
     after = httpx.get(stats_url, timeout=30).json()["models"][FENCED_MODEL]["replica"]
     memory = after["memory"]
-    # On a failure, the address space says where the fence's room went (threads since?).
-    assert [r.status_code for r in responses] == [200] * REQUESTS, (
-        [r.text[:200] for r in responses if r.status_code != 200],
-        memory.get("address_space"),
-    )
+    # On a failure, the address space first (pytest cuts long messages): where the room went.
+    failed = [r.text[:200] for r in responses if r.status_code != 200]
+    room = memory.get("address_space")
+    assert not failed, f"address space {room}; {len(failed)} failed: {failed}"
     print(f"fenced replica after the burst: {memory}, {after['batches']} batches")
     assert memory["out_of_memory"] > before["memory"]["out_of_memory"], after
     assert memory["split_retries"] > 0 and memory["failed_alone"] == 0

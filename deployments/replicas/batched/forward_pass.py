@@ -135,7 +135,7 @@ class ForwardPasses:
             # A realtime pass stops other models' lower passes while it computes, on the
             # lane or not (replicas/device_turns.py, `first_on_the_cores`).
             first = nullcontext() if self.turns is None else self.turns.first_on_the_cores(priority)
-            self._memory.follow_threads()
+            self._memory.before_pass()
             with first:
                 results, report = await self._threads.run(
                     run_split,

@@ -91,10 +91,10 @@ class ReplicaMemory:
         self._limit = apply_memory_limit(self._config.memory_limit_mib)
         self._report["limit"] = None if self._limit is None else self._limit.describe()
 
-    def follow_threads(self) -> None:
-        """Before a pass, under a limit: room for the stacks of threads started since."""
+    def before_pass(self) -> None:
+        """Under a limit: the pass gets its `memory_limit_mib` over what is held now."""
         if self._limit is not None:
-            self._limit.follow_threads()
+            self._limit.before_pass()
 
     def faulted(self, report: SplitReport) -> None:
         """A pass ran out of memory and was split (core/memory/split_retry.py)."""
