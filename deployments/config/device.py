@@ -23,10 +23,11 @@ class DeviceArbiterConfig(StrictModel):
     )
     passes_at_once: int | Literal["auto"] = Field(
         "auto",
-        description="Passes that may run at once on one device. auto: on a CPU, as many as "
-        "its cores hold, each pass weighing its model's torch threads (one at a time when "
-        "every model uses every core); on a GPU, 4 (one at a time left an H200 idle between "
-        "small models' passes; set 1 for models whose passes fill the card).",
+        description="Passes that may run at once on one device. auto: on a CPU, its cores, "
+        "each pass weighing its model's torch threads, and a pass starts while a core is "
+        "unclaimed (one at a time when every model uses every core); on a GPU, 4 (one at "
+        "a time left an H200 idle between small models' passes; set 1 for models whose "
+        "passes fill the card).",
     )
     max_hold_s: float = Field(
         30.0,

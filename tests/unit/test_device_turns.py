@@ -246,6 +246,19 @@ def test_weights_share_the_capacity(tmp_path: Path, clock: Clock) -> None:
     assert not c.try_acquire(NORMAL)[1]
 
 
+def test_a_pass_starts_while_a_unit_is_free_even_if_heavier_than_what_is_left(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """A one-thread step on one of two cores leaves a core free: a two-thread pass starts
+    beside it rather than leave that core idle; a third waits while both cores are held."""
+    a, b, c = three(
+        tmp_path, clock, capacity=2, s0=TurnSettings(weight=1), s1=TurnSettings(weight=2)
+    )
+    assert a.try_acquire(BATCH)[1]
+    assert b.try_acquire(BATCH)[1]
+    assert not c.try_acquire(REALTIME)[1]
+
+
 def test_a_pass_heavier_than_the_device_still_runs_alone(tmp_path: Path, clock: Clock) -> None:
     a, _, _ = three(tmp_path, clock, capacity=1, s0=TurnSettings(weight=8))
     assert a.try_acquire(NORMAL)[1]
