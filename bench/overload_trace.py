@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
@@ -36,6 +37,7 @@ import httpx
 from bench.llm_workload import percentile
 from bench.loadgen import embedding_bodies, run_closed_loop
 from bench.open_loop import TracedRequest, run_open_loop
+from bench.process_cpu import cores_between, read_cpu
 from bench.server import load_config, running_server
 from bench.texts import sentences
 from deployments.bin.haproxy_front_door import FRONT_REFUSAL
@@ -146,11 +148,15 @@ class TracedRun:
     # measured capacity and during the 2x load: on a small machine it shares the cores
     # with the server, and 2.5x the requests a second cost it more.
     client_cores: dict[str, float]
+    # Every part of the server's cores (bench/process_cpu.py) while capacity was measured
+    # and during the 2x load: whether the model or the path around it had the machine.
+    cores_by_role: dict[str, dict[str, float]]
 
 
 async def traced_overload(port: int, seconds: float) -> TracedRun:
     bodies = embedding_bodies(sentences(2000), 1, EMBEDDER, 256)
     cpu0, wall0 = time.process_time(), time.perf_counter()
+    roles_calibration = read_cpu(load_generator=os.getpid())
     closed = await run_closed_loop(
         "127.0.0.1",
         port,
@@ -164,11 +170,13 @@ async def traced_overload(port: int, seconds: float) -> TracedRun:
         honor_retry_after=True,
     )
     capacity = closed.req_per_s
+    by_role = {"calibration": cores_between(roles_calibration, read_cpu(os.getpid()))}
     calibration_cores = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
     rates = {"normal": 2 * capacity, "batch": BATCH_SHARE * capacity, "realtime": REALTIME_PER_S}
     traces: dict[str, list[TracedRequest]] = {label: [] for label in rates}
     start = time.perf_counter()
     cpu_start = time.process_time()
+    roles_before = read_cpu(load_generator=os.getpid())
     admission: list[dict[str, Any]] = []
     sampler = asyncio.create_task(sample_admission(port, start, admission))
     await asyncio.gather(
@@ -189,10 +197,11 @@ async def traced_overload(port: int, seconds: float) -> TracedRun:
         )
     )
     overload_cores = (time.process_time() - cpu_start) / (time.perf_counter() - start)
+    by_role["overload"] = cores_between(roles_before, read_cpu(load_generator=os.getpid()))
     sampler.cancel()
     await asyncio.gather(sampler, return_exceptions=True)
     cores = {"calibration": round(calibration_cores, 3), "overload": round(overload_cores, 3)}
-    return TracedRun(capacity, start, traces, admission, cores)
+    return TracedRun(capacity, start, traces, admission, cores, by_role)
 
 
 async def sample_admission(port: int, start: float, into: list[dict[str, Any]]) -> None:
@@ -204,13 +213,37 @@ async def sample_admission(port: int, start: float, into: list[dict[str, Any]]) 
             except (httpx.HTTPError, ValueError):
                 continue  # a second missed; the trace itself is what counts
             ingress = stats["models"][EMBEDDER]["ingress"]
+            replica = stats["models"][EMBEDDER].get("replica") or {}
             into.append(
                 {
                     "second": round(time.perf_counter() - start, 1),
                     "predicted_wait": ingress.get("predicted_wait"),
                     "front_door_shares": stats.get("front_door_shares"),
+                    # The replica's passes so far, per class: how large they ran.
+                    "passes": replica.get("classes"),
+                    "gate": replica.get("gate"),
                 }
             )
+
+
+def passes_between(admission: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per class, the embedder's passes and the inputs they carried between the first and
+    the last second sampled, and the mean inputs a pass: whether the model ran the large
+    passes that its capacity was measured with, or small ones."""
+    sampled = [a["passes"] for a in admission if a.get("passes")]
+    if len(sampled) < 2:
+        return {}
+    first, last = sampled[0], sampled[-1]
+    out: dict[str, dict[str, float]] = {}
+    for label, counts in last.items():
+        passes = counts["batches"] - first.get(label, {}).get("batches", 0)
+        items = counts["items"] - first.get(label, {}).get("items", 0)
+        out[label] = {
+            "passes": passes,
+            "inputs": items,
+            "mean_inputs": round(items / passes, 2) if passes else 0.0,
+        }
+    return out
 
 
 def summarize(
@@ -227,6 +260,8 @@ def summarize(
             goodput_share(traces, targets, capacity, start + settle_s, end), 3
         ),
         "client_cores": run.client_cores,
+        "cores_by_role": run.cores_by_role,
+        "passes_under_load": passes_between(run.admission),
         "classes": {label: split(trace) for label, trace in traces.items()},
         "classes_after_settle": {
             label: split(r for r in trace if r.due >= start + settle_s)
@@ -261,6 +296,16 @@ def print_summary(summary: Mapping[str, Any]) -> None:
         f"the load generator's CPU: {cores.get('calibration')} cores while capacity was"
         f" measured, {cores.get('overload')} under the 2x load"
     )
+    by_role = summary.get("cores_by_role") or {}
+    print("cores by part of the server: while capacity was measured / under the 2x load")
+    calibration, overload = by_role.get("calibration", {}), by_role.get("overload", {})
+    for name in sorted(set(calibration) | set(overload), key=lambda n: -overload.get(n, 0)):
+        print(f"  {name:40s} {calibration.get(name, 0):6.3f} {overload.get(name, 0):6.3f}")
+    for label, figures in (summary.get("passes_under_load") or {}).items():
+        print(
+            f"  the embedder's {label} passes under the 2x load: {figures['passes']},"
+            f" {figures['mean_inputs']} inputs each"
+        )
     print("the whole run:")
     print_classes(summary["classes"])
     print(f"after the first {summary['settle_s']:g} s:")

@@ -6,6 +6,7 @@ from bench.overload_trace import (
     goodput_share,
     onset,
     outcome,
+    passes_between,
     print_summary,
     split,
     summarize,
@@ -77,7 +78,12 @@ def test_onset_goes_second_by_second_and_the_summary_holds_it_all(
     sampled = {"target_aim": {"normal": {"aim": 0.7}}, "late_ms": {"normal": 12.5}}
     admission = [{"second": 1.0, "predicted_wait": sampled, "front_door_shares": None}]
     cores = {"calibration": 0.4, "overload": 0.9}
-    run = TracedRun(2.0, 0.0, {"normal": trace, "batch": [], "realtime": []}, admission, cores)
+    by_role = {
+        "calibration": {"replica embed-minilm": 1.2, "HAProxy": 0.1},
+        "overload": {"replica embed-minilm": 0.5, "HAProxy": 0.6},
+    }
+    traces = {"normal": trace, "batch": [], "realtime": []}
+    run = TracedRun(2.0, 0.0, traces, admission, cores, by_role)
     summary = summarize(run, {"normal": 0.5, "batch": 30, "realtime": 0.1}, 2, 1)
     assert summary["goodput_share"] == pytest.approx(1 / 2 / 2)
     assert summary["goodput_share_after_settle"] == pytest.approx(1 / 1 / 2)
@@ -88,4 +94,26 @@ def test_onset_goes_second_by_second_and_the_summary_holds_it_all(
     assert "goodput 0.25x over the run, 0.5x after the first 1 s" in printed
     assert "0.4 cores while capacity was measured, 0.9 under the 2x load" in printed
     assert "normal    front door" in printed
+    assert printed.index("HAProxy") < printed.index("replica embed-minilm")  # 2x's order
+    assert "  1.200  0.500" in printed
     assert "     0                1  0.7    -/-/-                   12.5     None" in printed
+
+
+def test_passes_between_counts_each_class_from_the_first_sample_to_the_last() -> None:
+    def sample(normal: tuple[int, int], batch: tuple[int, int]) -> dict[str, object]:
+        classes = {
+            "normal": {"batches": normal[0], "items": normal[1]},
+            "batch": {"batches": batch[0], "items": batch[1]},
+        }
+        return {"second": 1.0, "passes": classes}
+
+    admission = [
+        {"second": 0.5, "passes": None},
+        sample((10, 100), (0, 0)),
+        sample((30, 160), (5, 40)),
+    ]
+    assert passes_between(admission) == {
+        "normal": {"passes": 20, "inputs": 60, "mean_inputs": 3.0},
+        "batch": {"passes": 5, "inputs": 40, "mean_inputs": 8.0},
+    }
+    assert passes_between(admission[:2]) == {}
