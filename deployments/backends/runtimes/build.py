@@ -177,6 +177,16 @@ SHAPE_CACHE_ENTRIES = 64
 ONEDNN_CACHE_VARIABLE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 ONEDNN_KERNELS = 64
 
+# Padded lengths are rounded up to a multiple of this (the added tokens masked out, so no
+# output changes): an encoder's shapes are (rows, longest text), hundreds under a mixed load,
+# and past SHAPE_CACHE_ENTRIES each new one is built again. On an AMX Xeon, 900 passes of
+# rows 1-16 and lengths 8-60 (bench/openvino_lengths.py), mean pass at exact lengths / steps
+# of 8 / of 16: bf16 26.8 / 23.9 / 21.2 ms; f32, where the padding's compute weighs about
+# what the rebuilds saved, 38.8 / 39.5 / 40.1 (docs/backends.md).
+LENGTH_STEP = 16
+# BERT-like models number positions up to 512: a length is never rounded past it.
+LONGEST_ROUNDED = 512
+
 
 def openvino_forward(
     onnx_path: Path,
@@ -184,9 +194,11 @@ def openvino_forward(
     threads: int,
     streams: int = 1,
     shape_cache: int | None = SHAPE_CACHE_ENTRIES,
+    length_step: int = LENGTH_STEP,
 ) -> OpenVinoForward:
     """`shape_cache`: the input shapes whose builds the plugin keeps; None leaves the
-    plugin's own default (bench/openvino_shapes.py compares them)."""
+    plugin's own default (bench/openvino_shapes.py compares them). `length_step`: what
+    padded lengths are rounded up to a multiple of (bench/openvino_lengths.py)."""
     os.environ.setdefault(ONEDNN_CACHE_VARIABLE, str(ONEDNN_KERNELS))
     ov = import_openvino()
     core = ov.Core()
@@ -204,28 +216,18 @@ def openvino_forward(
     }
     if shape_cache is not None:
         properties["CPU_RUNTIME_CACHE_CAPACITY"] = shape_cache
-    return OpenVinoForward(core.compile_model(str(onnx_path), "CPU", properties), properties)
+    compiled = core.compile_model(str(onnx_path), "CPU", properties)
+    return OpenVinoForward(compiled, properties, length_step)
 
 
-# Padded lengths are rounded up to a multiple of this (the added tokens masked out, so no
-# output changes): an encoder's shapes are (rows, longest text), hundreds under a mixed load,
-# and past SHAPE_CACHE_ENTRIES each new one is built again. On an AMX Xeon, 900 passes of
-# rows 1-16 and lengths 8-60 (bench/openvino_lengths.py), mean pass at exact lengths / steps
-# of 8 / of 16: bf16 26.8 / 23.9 / 21.2 ms; f32, where the padding's compute weighs about
-# what the rebuilds saved, 38.8 / 39.5 / 40.1 (docs/backends.md).
-LENGTH_STEP = 16
-# BERT-like models number positions up to 512: a length is never rounded past it.
-LONGEST_ROUNDED = 512
-
-
-def rounded_length(features: Features) -> Features:
-    """`features` padded along the length to a multiple of LENGTH_STEP, the added tokens
+def rounded_length(features: Features, step: int = LENGTH_STEP) -> Features:
+    """`features` padded along the length to a multiple of `step`, the added tokens
     masked out (attention_mask 0); as they are without an attention mask."""
     mask = features.get("attention_mask")
     if mask is None or mask.ndim != 2:
         return features
     length = mask.shape[1]
-    wanted = min(-(-length // LENGTH_STEP) * LENGTH_STEP, max(length, LONGEST_ROUNDED))
+    wanted = min(-(-length // step) * step, max(length, LONGEST_ROUNDED))
     if wanted == length:
         return features
     pad = ((0, 0), (0, wanted - length))
@@ -234,11 +236,13 @@ def rounded_length(features: Features) -> Features:
 
 class OpenVinoForward:
     """A compiled OpenVINO model as a forward pass, callable from several threads at once.
-    `properties`: what it was compiled with (the plugin does not read them all back)."""
+    `properties`: what it was compiled with (the plugin does not read them all back);
+    `length_step`: what padded lengths are rounded up to a multiple of."""
 
-    def __init__(self, compiled: Any, properties: dict[str, Any]) -> None:
+    def __init__(self, compiled: Any, properties: dict[str, Any], length_step: int) -> None:
         self.compiled = compiled
         self.properties = properties
+        self.length_step = length_step
         # An infer request serves one call at a time: one per calling thread.
         self._requests = threading.local()
         self._wanted = {name for port in compiled.inputs for name in port.get_names()}
@@ -247,7 +251,8 @@ class OpenVinoForward:
         request = getattr(self._requests, "request", None)
         if request is None:
             request = self._requests.request = self.compiled.create_infer_request()
-        wanted = rounded_length({k: v for k, v in features.items() if k in self._wanted})
+        fed = {k: v for k, v in features.items() if k in self._wanted}
+        wanted = rounded_length(fed, self.length_step)
         result = request.infer(wanted)
         output = np.asarray(result[self.compiled.output(0)], dtype=np.float32)
         rows = len(next(iter(features.values())))
