@@ -144,18 +144,16 @@ class TracedRun:
     # Every second of the 2x load, what the ingress that takes normal and batch said of
     # its admission: the embedder's `predicted_wait` and HAProxy's shares.
     admission: list[dict[str, Any]]
-    # The load generator's own CPU (this process), in cores, during the closed loop that
-    # measured capacity and during the 2x load: on a small machine it shares the cores
-    # with the server, and 2.5x the requests a second cost it more.
-    client_cores: dict[str, float]
-    # Every part of the server's cores (bench/process_cpu.py) while capacity was measured
-    # and during the 2x load: whether the model or the path around it had the machine.
+    # The cores each part of the server took (bench/process_cpu.py) while capacity was
+    # measured ("calibration") and during the 2x load ("overload"): whether the model or
+    # the path around it had the machine. The load generator (this process) is one part:
+    # on a small machine it shares the cores with the server, and 2.5x the requests a
+    # second cost it more.
     cores_by_role: dict[str, dict[str, float]]
 
 
 async def traced_overload(port: int, seconds: float) -> TracedRun:
     bodies = embedding_bodies(sentences(2000), 1, EMBEDDER, 256)
-    cpu0, wall0 = time.process_time(), time.perf_counter()
     roles_calibration = read_cpu(load_generator=os.getpid())
     closed = await run_closed_loop(
         "127.0.0.1",
@@ -171,11 +169,9 @@ async def traced_overload(port: int, seconds: float) -> TracedRun:
     )
     capacity = closed.req_per_s
     by_role = {"calibration": cores_between(roles_calibration, read_cpu(os.getpid()))}
-    calibration_cores = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
     rates = {"normal": 2 * capacity, "batch": BATCH_SHARE * capacity, "realtime": REALTIME_PER_S}
     traces: dict[str, list[TracedRequest]] = {label: [] for label in rates}
     start = time.perf_counter()
-    cpu_start = time.process_time()
     roles_before = read_cpu(load_generator=os.getpid())
     admission: list[dict[str, Any]] = []
     sampler = asyncio.create_task(sample_admission(port, start, admission))
@@ -196,12 +192,10 @@ async def traced_overload(port: int, seconds: float) -> TracedRun:
             for label, rate in rates.items()
         )
     )
-    overload_cores = (time.process_time() - cpu_start) / (time.perf_counter() - start)
     by_role["overload"] = cores_between(roles_before, read_cpu(load_generator=os.getpid()))
     sampler.cancel()
     await asyncio.gather(sampler, return_exceptions=True)
-    cores = {"calibration": round(calibration_cores, 3), "overload": round(overload_cores, 3)}
-    return TracedRun(capacity, start, traces, admission, cores, by_role)
+    return TracedRun(capacity, start, traces, admission, by_role)
 
 
 async def sample_admission(port: int, start: float, into: list[dict[str, Any]]) -> None:
@@ -221,7 +215,6 @@ async def sample_admission(port: int, start: float, into: list[dict[str, Any]]) 
                     "front_door_shares": stats.get("front_door_shares"),
                     # The replica's passes so far, per class: how large they ran.
                     "passes": replica.get("classes"),
-                    "gate": replica.get("gate"),
                 }
             )
 
@@ -259,7 +252,9 @@ def summarize(
         "goodput_share_after_settle": round(
             goodput_share(traces, targets, capacity, start + settle_s, end), 3
         ),
-        "client_cores": run.client_cores,
+        "client_cores": {
+            phase: roles.get("load generator", 0.0) for phase, roles in run.cores_by_role.items()
+        },
         "cores_by_role": run.cores_by_role,
         "passes_under_load": passes_between(run.admission),
         "classes": {label: split(trace) for label, trace in traces.items()},

@@ -77,13 +77,12 @@ def test_onset_goes_second_by_second_and_the_summary_holds_it_all(
     assert rows[1]["front door"] == {"count": 1, "server_p90_ms": 2.0}
     sampled = {"target_aim": {"normal": {"aim": 0.7}}, "late_ms": {"normal": 12.5}}
     admission = [{"second": 1.0, "predicted_wait": sampled, "front_door_shares": None}]
-    cores = {"calibration": 0.4, "overload": 0.9}
     by_role = {
-        "calibration": {"replica embed-minilm": 1.2, "HAProxy": 0.1},
-        "overload": {"replica embed-minilm": 0.5, "HAProxy": 0.6},
+        "calibration": {"replica embed-minilm": 1.2, "HAProxy": 0.1, "load generator": 0.4},
+        "overload": {"replica embed-minilm": 0.5, "HAProxy": 0.6, "load generator": 0.9},
     }
     traces = {"normal": trace, "batch": [], "realtime": []}
-    run = TracedRun(2.0, 0.0, traces, admission, cores, by_role)
+    run = TracedRun(2.0, 0.0, traces, admission, by_role)
     summary = summarize(run, {"normal": 0.5, "batch": 30, "realtime": 0.1}, 2, 1)
     assert summary["goodput_share"] == pytest.approx(1 / 2 / 2)
     assert summary["goodput_share_after_settle"] == pytest.approx(1 / 1 / 2)
