@@ -16,6 +16,7 @@ the whole run and after --settle-s; and, second by second, the start of the floo
 
     .venv/bin/python -m bench.overload_trace                     # 60 s at 2x
     .venv/bin/python -m bench.overload_trace --seconds 600 --json /tmp/trace.json
+    .venv/bin/python -m bench.overload_trace --no-shared-passes   # each class's passes alone
 """
 
 from __future__ import annotations
@@ -121,11 +122,14 @@ def onset(trace: list[TracedRequest], start: float, seconds: float) -> list[dict
     return rows
 
 
-def config(front_door_headroom: float | None) -> dict[str, Any]:
+def config(front_door_headroom: float | None, shared_passes: bool = True) -> dict[str, Any]:
     loaded = load_config()
+    args = loaded["applications"][0]["args"]
     if front_door_headroom is not None:
-        admission = loaded["applications"][0]["args"]["ingress"]["admission"]
-        admission["front_door_headroom"] = front_door_headroom
+        args["ingress"]["admission"]["front_door_headroom"] = front_door_headroom
+    if not shared_passes:
+        for model in args["embedding_models"]:
+            model.setdefault("batching", {})["shared_passes"] = False
     return loaded
 
 
@@ -229,12 +233,20 @@ def passes_between(admission: list[dict[str, Any]]) -> dict[str, dict[str, float
     first, last = sampled[0], sampled[-1]
     out: dict[str, dict[str, float]] = {}
     for label, counts in last.items():
-        passes = counts["batches"] - first.get(label, {}).get("batches", 0)
-        items = counts["items"] - first.get(label, {}).get("items", 0)
+        before = first.get(label, {})
+
+        def grew(key: str, counts: dict[str, int] = counts, before: dict[str, int] = before) -> int:
+            return counts.get(key, 0) - before.get(key, 0)
+
+        passes, riders = grew("batches"), grew("riders_items")
         out[label] = {
             "passes": passes,
-            "inputs": items,
-            "mean_inputs": round(items / passes, 2) if passes else 0.0,
+            "inputs": grew("items"),
+            # Inputs of other classes its passes took along, and its own that rode in
+            # another class's passes (batching.shared_passes).
+            "riders": riders,
+            "carried": grew("carried_items"),
+            "mean_inputs": round((grew("items") + riders) / passes, 2) if passes else 0.0,
         }
     return out
 
@@ -299,7 +311,8 @@ def print_summary(summary: Mapping[str, Any]) -> None:
     for label, figures in (summary.get("passes_under_load") or {}).items():
         print(
             f"  the embedder's {label} passes under the 2x load: {figures['passes']},"
-            f" {figures['mean_inputs']} inputs each"
+            f" {figures['mean_inputs']} inputs each ({figures.get('riders', 0)} of other"
+            f" classes taken along; {figures.get('carried', 0)} of its own carried by others)"
         )
     print("the whole run:")
     print_classes(summary["classes"])
@@ -330,14 +343,21 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         help="ingress.admission.front_door_headroom instead of serve_config.yaml's",
     )
+    parser.add_argument(
+        "--no-shared-passes",
+        action="store_true",
+        help="the embedder's batching.shared_passes off: each class's batches run alone",
+    )
     args = parser.parse_args(argv)
+    served = config(args.front_door_headroom, shared_passes=not args.no_shared_passes)
     with (
         tempfile.TemporaryDirectory(prefix="tributary-trace-") as work,
-        running_server(config(args.front_door_headroom), Path(work)) as server,
+        running_server(served, Path(work)) as server,
     ):
         run = asyncio.run(traced_overload(server.port, args.seconds))
     targets_s = {label: ms / 1e3 for label, ms in targets_ms().items()}
     summary = summarize(run, targets_s, args.seconds, args.settle_s)
+    summary["shared_passes"] = not args.no_shared_passes
     print_summary(summary)
     path = args.json or RESULTS / f"overload-trace-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -77,6 +77,13 @@ class ModelBatching(StrictModel):
         "model's free threads, kept for the next realtime batch (realtime requests come in "
         "runs); a batch past the class's aged_after_s goes all the same. 0 = no hold.",
     )
+    shared_passes: bool = Field(
+        True,
+        description="A normal or batch-class pass that starts with room left in its class's "
+        "budget takes along whole batches of those two classes that wait for their own turn "
+        "(normal's first), so that under load the model runs fuller passes; False = each "
+        "class's batches run alone.",
+    )
     adaptive: bool = Field(
         True,
         description="Choose each batch's token budget and wait from the measured cost model, "

@@ -99,20 +99,21 @@ def test_onset_goes_second_by_second_and_the_summary_holds_it_all(
 
 
 def test_passes_between_counts_each_class_from_the_first_sample_to_the_last() -> None:
-    def sample(normal: tuple[int, int], batch: tuple[int, int]) -> dict[str, object]:
+    def sample(normal: tuple[int, int, int], batch: tuple[int, int, int]) -> dict[str, object]:
         classes = {
-            "normal": {"batches": normal[0], "items": normal[1]},
-            "batch": {"batches": batch[0], "items": batch[1]},
+            "normal": {"batches": normal[0], "items": normal[1], "riders_items": normal[2]},
+            "batch": {"batches": batch[0], "items": batch[1], "carried_items": batch[2]},
         }
         return {"second": 1.0, "passes": classes}
 
     admission = [
         {"second": 0.5, "passes": None},
-        sample((10, 100), (0, 0)),
-        sample((30, 160), (5, 40)),
+        sample((10, 100, 0), (0, 0, 0)),
+        sample((30, 160, 30), (5, 40, 30)),
     ]
+    # Normal's passes took 30 batch-class inputs along: 90 inputs in 20 passes.
     assert passes_between(admission) == {
-        "normal": {"passes": 20, "inputs": 60, "mean_inputs": 3.0},
-        "batch": {"passes": 5, "inputs": 40, "mean_inputs": 8.0},
+        "normal": {"passes": 20, "inputs": 60, "riders": 30, "carried": 0, "mean_inputs": 4.5},
+        "batch": {"passes": 5, "inputs": 40, "riders": 0, "carried": 30, "mean_inputs": 8.0},
     }
     assert passes_between(admission[:2]) == {}

@@ -192,6 +192,10 @@ class PriorityGate:
             self._grant_lane()
         self._grant_held()
 
+    def keeps_out(self, priority: Priority) -> bool:
+        """Whether a batch of the class would be kept out of a free slot now."""
+        return self._held_for_realtime(priority)
+
     def _held_for_realtime(self, priority: Priority) -> bool:
         """Whether a batch of this class keeps out of a free slot: the lane runs, or (the
         batch class) a realtime pass ended less than `realtime_hold_s` ago."""

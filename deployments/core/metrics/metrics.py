@@ -239,6 +239,11 @@ class TributaryMetrics:
         self._put(BATCH_TOKENS, padded_tokens, model=model, priority=priority)
         self._put(INFERENCE, inference_s, model=model, priority=priority)
         self._put(MODEL_BUSY, inference_s, model=model, priority=priority)
+        self.queue_waits(model, priority, queue_waits_s)
+
+    def queue_waits(self, model: str, priority: str, queue_waits_s: list[float]) -> None:
+        """How long a pass's jobs of the class waited at the replica (a class's jobs
+        carried in another class's pass are recorded here alone)."""
         for wait in queue_waits_s:
             self._put(QUEUE_WAIT, wait, model=model, priority=priority)
 

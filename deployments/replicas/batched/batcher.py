@@ -113,6 +113,7 @@ class Batcher(Generic[JobT, OutcomeT]):
         gate = self.passes.gate
         gate.set_aged_after_s({p: batching.of(p.label).aged_after_s for p in ALL_PRIORITIES})
         gate.set_realtime_hold_s(batching.realtime_hold_ms / 1000)
+        self.passes.shared = batching.shared_passes
 
     def finish_warm_up(self, run_rows: Callable[[int], object], window: int) -> None:
         """After the warm-up batch: passes of growing size (`run_rows(rows)` runs `rows`

@@ -1,5 +1,10 @@
 """What a replica's info reports of its forward passes: batches and items, overall and per
-class, the items dropped before a pass by reason, and the last requests that lost some."""
+class, the items dropped before a pass by reason, and the last requests that lost some.
+
+Per class, `batches` are the passes the class led and `items` its own inputs in them;
+`carried_items` are its inputs that rode in another class's pass, `carried_batches` how
+many of its batches did, `riders_items` the other classes' inputs its passes took along.
+`mean_batch_size` is the mean size of the passes it led, riders included."""
 
 from __future__ import annotations
 
@@ -16,15 +21,28 @@ RECENT_DROPS = 256  # requests the drop ledger remembers
 class PassCounters:
     def __init__(self) -> None:
         self._totals = {"batches": 0, "items": 0, "expired_items": 0, "client_gone_items": 0}
-        self._classes = {p: {"batches": 0, "items": 0} for p in ALL_PRIORITIES}
+        self._classes = {
+            p: dict.fromkeys(
+                ("batches", "items", "carried_batches", "carried_items", "riders_items"), 0
+            )
+            for p in ALL_PRIORITIES
+        }
         self._recent_drops: deque[dict[str, str]] = deque(maxlen=RECENT_DROPS)
 
-    def ran(self, priority: Priority, items: int) -> None:
-        """A pass of `items` live items of the class."""
+    def ran(
+        self, priority: Priority, items: int, carried: Sequence[tuple[Priority, int]] = ()
+    ) -> None:
+        """A pass of `items` live items of the class, and per batch it took along, that
+        batch's class and live items."""
+        riders = sum(count for _, count in carried)
         self._totals["batches"] += 1
-        self._totals["items"] += items
+        self._totals["items"] += items + riders
         self._classes[priority]["batches"] += 1
         self._classes[priority]["items"] += items
+        self._classes[priority]["riders_items"] += riders
+        for klass, count in carried:
+            self._classes[klass]["carried_batches"] += 1
+            self._classes[klass]["carried_items"] += count
 
     def dropped(
         self, marks: Sequence[Dropped | None], items: Sequence[BatchItem]
@@ -54,7 +72,8 @@ class PassCounters:
             "classes": {
                 p.label: {
                     **counts,
-                    "mean_batch_size": counts["items"] / counts["batches"]
+                    "mean_batch_size": (counts["items"] + counts["riders_items"])
+                    / counts["batches"]
                     if counts["batches"]
                     else 0.0,
                 }
