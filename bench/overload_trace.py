@@ -219,6 +219,10 @@ async def sample_admission(port: int, start: float, into: list[dict[str, Any]]) 
                     "front_door_shares": stats.get("front_door_shares"),
                     # The replica's passes so far, per class: how large they ran.
                     "passes": replica.get("classes"),
+                    # Each targeted class's slot and the p99 of its last 64 answers.
+                    "targets": replica.get("targets"),
+                    # Whether each class's passes may carry a lower class's batches.
+                    "slack": replica.get("slack"),
                 }
             )
 

@@ -81,8 +81,9 @@ class ModelBatching(StrictModel):
         True,
         description="A normal or batch-class pass that starts with room left in its class's "
         "budget takes along whole batches of those two classes that wait for their own turn "
-        "(normal's first), so that under load the model runs fuller passes; False = each "
-        "class's batches run alone.",
+        "(normal's first), so that under load the model runs fuller passes; a normal pass "
+        "takes batch-class batches only while normal's recent p99 is under half its target. "
+        "False = each class's batches run alone.",
     )
     adaptive: bool = Field(
         True,

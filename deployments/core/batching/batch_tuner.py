@@ -15,7 +15,14 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from deployments.core.batching.arrival_rate import ArrivalRate
-from deployments.core.batching.batch_policy import BatchPlan, ClassLimits, SlotControl, plan_classes
+from deployments.core.batching.batch_policy import (
+    GROW_BELOW,
+    BatchPlan,
+    ClassLimits,
+    SlotControl,
+    plan_classes,
+    window_p99,
+)
 from deployments.core.batching.cost_model import CostModel
 from deployments.core.memory.token_backoff import TokenBackoff
 
@@ -25,6 +32,11 @@ from deployments.core.memory.token_backoff import TokenBackoff
 ALONE_AFTER_S = 2.0
 # How recent the passes of the classes above must be for a class to match their length.
 COMPANY_WINDOW_S = 1.0
+# How many of a class's last answers tell whether it has time to spare.
+SLACK_WINDOW = 64
+# How long a call's word that the ingress refuses some of its class holds: a class under
+# steady load sends calls far more often, and one whose calls stop has no queue to spare.
+SHEDDING_FRESH_S = 2.0
 
 
 class BatchTuner:
@@ -49,6 +61,12 @@ class BatchTuner:
         }
         self.backoff = TokenBackoff()
         self.adaptive = True
+        # Each class's last answers' latencies, and the target the ingress admits it by.
+        self._answered: dict[str, deque[float]] = {
+            name: deque(maxlen=SLACK_WINDOW) for name in classes
+        }
+        self._admission_targets: dict[str, float | None] = {}
+        self._shedding_at: dict[str, float] = {}
 
     def configure(self, limits: dict[str, ClassLimits], adaptive: bool) -> None:
         self._limits = dict(limits)
@@ -64,12 +82,35 @@ class BatchTuner:
         limits = self._limits.get(name)
         return None if limits is None else limits.target_s
 
+    def admitted_by(self, name: str, target_s: float | None, shedding: bool = False) -> None:
+        """What a call of class `name` says of the ingress: the latency target it admits
+        the class by, and whether it is refusing some of the class."""
+        self._admission_targets[name] = target_s
+        self._shedding_at[name] = self._clock() if shedding else -math.inf
+
+    def has_slack(self, name: str) -> bool:
+        """Whether class `name` has time to spare: the ingress refuses none of it (as its
+        last call, at most `SHEDDING_FRESH_S` old, said) and the p99 of its last answers
+        is under `GROW_BELOW` of its target (the model's own `target_p99_ms`, else the one
+        the ingress admits by; with neither, the latency says nothing). Only then may its
+        passes carry a lower class's batches."""
+        if self._clock() - self._shedding_at.get(name, -math.inf) < SHEDDING_FRESH_S:
+            return False
+        limits = self._limits.get(name)
+        target = limits.target_s if limits is not None and limits.target_s else None
+        target = target or self._admission_targets.get(name)
+        if target is None:
+            return True
+        return window_p99(list(self._answered[name])) < target * GROW_BELOW
+
     def waited(self, name: str, jobs: list[tuple[float, float, float]]) -> None:
         """A pass's jobs of class `name`: when each reached the replica, its latency from
         its request's arrival at the ingress to the end of the pass, and how long it waited
         at the replica before the pass began. Until the cost
         model has a fit the slot plans nothing, so what the jobs saw says nothing of it
         (the first passes of a replica are slow for reasons of their own)."""
+        if name in self._answered:
+            self._answered[name].extend(latency for _, latency, _ in jobs)
         control = self._slots.get(name)
         if control is None or self.cost.current is None:
             return
@@ -235,4 +276,6 @@ class BatchTuner:
             "tokens_per_row": round(self._tokens_per_row, 1),
             "arrivals_per_s": {n: round(r.per_s(), 2) for n, r in self._arrivals.items()},
             "targets": {name: control.report() for name, control in self._slots.items()},
+            # Whether each class's passes may carry a lower class's batches now.
+            "slack": {name: self.has_slack(name) for name in self._classes},
         }

@@ -45,6 +45,8 @@ WIDTH_TIMEOUT_S = 5.0
 # How often the replica's capacity (its cost model's full-pass rate) is asked again while
 # requests come: it moves with the runtime's warm-up and the mix of lengths, not faster.
 CAPACITY_REFRESH_S = 5.0
+# How long after admission refused a request of a class its calls say it is shedding.
+SHEDDING_MEMORY_S = 1.0
 
 
 class ModelClient(Generic[JobT, OutcomeT]):
@@ -83,6 +85,8 @@ class ModelClient(Generic[JobT, OutcomeT]):
             )
             for p in ALL_PRIORITIES
         }
+        self._targets_s = {p: one.target_s for p, one in settings.items()}
+        self._refused_at = dict.fromkeys(ALL_PRIORITIES, -SHEDDING_MEMORY_S)
         self.queues: ClassQueues[JobT, OutcomeT] = ClassQueues(
             self._sender,
             settings,
@@ -97,7 +101,9 @@ class ModelClient(Generic[JobT, OutcomeT]):
         async def send(
             jobs: list[JobT], time_left: list[float | None], spent: list[float]
         ) -> list[OutcomeT]:
-            response = self._handle.remote(JobCall(priority, jobs, time_left, spent))
+            shedding = time.monotonic() - self._refused_at[priority] < SHEDDING_MEMORY_S
+            call = JobCall(priority, jobs, time_left, spent, self._targets_s[priority], shedding)
+            response = self._handle.remote(call)
             try:
                 return await response
             except asyncio.CancelledError:
@@ -142,6 +148,7 @@ class ModelClient(Generic[JobT, OutcomeT]):
                 priority, job, loop_deadline(timeout_s), since=request_started()
             )
         except Refused as exc:
+            self._refused_at[priority] = time.monotonic()
             raise overloaded(self.name, priority, exc.refusal) from None
         except CallInterrupted:
             raise NotReady(

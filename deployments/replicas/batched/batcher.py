@@ -150,6 +150,7 @@ class Batcher(Generic[JobT, OutcomeT]):
         meanwhile, through the lifecycle with the class's `@serve.batch` queue."""
         klass = call.priority
         now = time.monotonic()
+        self.tuner.admitted_by(klass.label, call.target_s, call.shedding)
         states = [
             JobState(
                 job.request_id,

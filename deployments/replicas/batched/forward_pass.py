@@ -149,10 +149,14 @@ class ForwardPasses:
 
     def _take_along(self, priority: Priority, items: list[Any], lane: bool) -> list[WaitingBatch]:
         """Waiting batches this pass carries too: none for the lane or a realtime pass; the
-        batch class's only while the gate lets that class run."""
+        batch class's only while the gate lets that class run; and a class below the
+        pass's own only while the pass's class has slack, since under its own load every
+        row a pass gives a lower class lengthens the wait of the class's next items (and
+        admission, which learns that wait, then lets fewer of them in)."""
         if lane or not self.shared or priority not in SHARING or not items:
             return []
-        classes = [p for p in SHARING if not self.gate.keeps_out(p)]
+        slack = self._tuner.has_slack(priority.label)
+        classes = [p for p in SHARING if not self.gate.keeps_out(p) and (p <= priority or slack)]
         riders = self.waiting.take_along(items, items[0].budget, classes)
         for rider in riders:
             self._give_back(rider.gate_turn)
