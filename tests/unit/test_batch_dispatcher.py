@@ -12,6 +12,7 @@ import pytest
 from deployments.core.metrics.metric_series import BATCH_JOB_LINES
 from deployments.core.metrics.metrics import MemoryRecorder, TributaryMetrics
 from deployments.ingress.batches.dispatcher import Dispatcher
+from deployments.ingress.batches.service import BatchService
 from deployments.ingress.batches.sqlite_store import SqliteStore
 from tests.unit.batch_support import (
     DyingStore,
@@ -188,3 +189,29 @@ async def test_a_store_that_fails_a_write_stops_the_turn_and_the_next_goes_on(
     done = await store.get_batch("batch_1")
     assert done is not None and done.status == "completed"
     assert sorted(output_ids(store, done.output_file_id)) == sorted(f"c{i}" for i in range(10))
+
+
+async def test_stop_ends_a_dispatcher_whose_first_cancel_was_swallowed(tmp_path: Path) -> None:
+    service = BatchService(config(), lambda: SqliteStore(tmp_path), FakeRunner())
+    cancels = 0
+
+    async def swallows_one_cancel() -> None:
+        nonlocal cancels
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                cancels += 1
+                if cancels > 1:
+                    raise
+
+    service.dispatcher.run_forever = swallows_one_cancel  # type: ignore[method-assign]
+    service.start()
+    await asyncio.sleep(0)
+    stopping = asyncio.create_task(service.stop())
+    await asyncio.wait({stopping}, timeout=10)
+    if not stopping.done():  # the defect: stop waits for a task that goes on
+        stopping.cancel()
+        await asyncio.gather(stopping, return_exceptions=True)
+        pytest.fail("stop() still waiting 10 s after it first cancelled the dispatcher")
+    assert cancels == 2

@@ -142,8 +142,9 @@ class BatchRun:
                 await self._finish()
         finally:
             heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+            # gather, not `suppress(CancelledError)`: a cancel of this task that lands
+            # while it waits for the heartbeat must still end it.
+            await asyncio.gather(heartbeat, return_exceptions=True)
 
     async def _validate(self) -> bool:
         record = self.record
@@ -217,8 +218,11 @@ class BatchRun:
                     in_flight.add(task)
                     task.add_done_callback(ended)
                 wake.clear()
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancel that
+                # lands as the awaited event is set, and then `stop` would wait forever.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), 0.05)
+                    async with asyncio.timeout(0.05):
+                        await wake.wait()
             if self.stop != "lost" and in_flight:
                 await asyncio.wait(in_flight)  # their answers are kept, not thrown away
         finally:

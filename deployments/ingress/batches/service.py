@@ -4,7 +4,7 @@ the limits, in OpenAI's shapes. The routes (http/batches.py) only read and answe
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -35,6 +35,11 @@ from deployments.ingress.batches.line_runner import OPEN_TENANT
 from deployments.ingress.batches.schemas import parse_create_batch
 from deployments.ingress.batches.store import BatchStore
 from deployments.ingress.batches.upload import copy_lines
+
+logger = logging.getLogger("ray.serve")
+
+# How long `stop` waits for the dispatcher to end before cancelling it again.
+STOP_RECHECK_S = 0.5
 
 
 class BatchService:
@@ -72,10 +77,14 @@ class BatchService:
             self._task = asyncio.get_running_loop().create_task(self.dispatcher.run_forever())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        task = self._task
+        # Cancelled until it ends: a cancel that a library swallows (one that lands as an
+        # awaited result arrives) must not leave the replica's shutdown waiting forever.
+        while task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=STOP_RECHECK_S)
+        if task is not None and not task.cancelled() and task.exception() is not None:
+            logger.error("batch dispatcher ended with an error", exc_info=task.exception())
         if self._store is not None:
             await self._store.close()
 
