@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Mapping
 from typing import Any, Generic, TypeVar
@@ -86,7 +87,7 @@ class ModelClient(Generic[JobT, OutcomeT]):
             for p in ALL_PRIORITIES
         }
         self._targets_s = {p: one.target_s for p, one in settings.items()}
-        self._refused_at = dict.fromkeys(ALL_PRIORITIES, -SHEDDING_MEMORY_S)
+        self._refused_at = dict.fromkeys(ALL_PRIORITIES, -math.inf)
         self.queues: ClassQueues[JobT, OutcomeT] = ClassQueues(
             self._sender,
             settings,
