@@ -96,9 +96,7 @@ class BatchTuner:
         passes carry a lower class's batches."""
         if self._clock() - self._shedding_at.get(name, -math.inf) < SHEDDING_FRESH_S:
             return False
-        limits = self._limits.get(name)
-        target = limits.target_s if limits is not None and limits.target_s else None
-        target = target or self._admission_targets.get(name)
+        target = self.target_s(name) or self._admission_targets.get(name)
         if target is None:
             return True
         return window_p99(list(self._answered[name])) < target * GROW_BELOW
