@@ -81,7 +81,8 @@ class ModelBatching(StrictModel):
         True,
         description="A normal or batch-class pass that starts with room left in its class's "
         "budget takes along whole batches of those two classes that wait for their own turn "
-        "(normal's first), so that under load the model runs fuller passes; a normal pass "
+        "(normal's first) when one pass costs no more than the two apart by the fitted cost "
+        "model (padding counted), so that under load the model runs fuller passes; a normal pass "
         "takes batch-class batches only while the ingress refuses no normal request and "
         "normal's recent p99 is under half its target. "
         "False = each class's batches run alone.",

@@ -12,6 +12,7 @@ from typing import Any
 
 from deployments.config import EmbeddingModelConfig, ModelBatching
 from deployments.core.batching.batch_budget import BatchBudget
+from deployments.core.batching.cost_model import CostFit
 from deployments.core.batching.shared_pass import riders_that_fit
 from deployments.core.metrics.metrics import QUEUE_WAIT, MemoryRecorder, TributaryMetrics
 from deployments.core.priority import Priority
@@ -31,22 +32,41 @@ def batch(*lengths: int) -> list[Tokens]:
     return [Tokens(n) for n in lengths]
 
 
+# A pass's fixed cost far above a token's: sharing a pass saves more than padding adds.
+CHEAP_TOKENS = CostFit(intercept_s=0.010, per_row_s=0.0, per_token_s=0.0001, samples=32)
+
+
 def test_riders_are_taken_in_order_while_rows_and_padded_tokens_fit() -> None:
     budget = BatchBudget(max_batch_size=6, max_batch_tokens=60)
     own = batch(10, 10)
     waiting = [batch(10, 10), batch(10), batch(5)]
     # 2 + 2 + 1 rows of 10 fit (50 tokens); the last would make 6 rows x 10 = 60: fits too.
-    assert riders_that_fit(own, waiting, budget) == [0, 1, 2]
-    assert riders_that_fit(own, waiting, BatchBudget(5, 60)) == [0, 1]
+    assert riders_that_fit(own, waiting, budget, CHEAP_TOKENS) == [0, 1, 2]
+    assert riders_that_fit(own, waiting, BatchBudget(5, 60), CHEAP_TOKENS) == [0, 1]
+
+
+def test_a_rider_that_pads_the_pass_past_two_passes_cost_is_left_for_its_own_turn() -> None:
+    budget = BatchBudget(max_batch_size=64, max_batch_tokens=16384)
+    own = batch(*[16] * 32)
+    # One 256-token text would pad all 33 rows to 256: 8,448 tokens, 16x the own pass.
+    assert riders_that_fit(own, [batch(256)], budget, CHEAP_TOKENS) == []
+    # A short one saves a pass's fixed cost for the little padding it adds; a rider as
+    # long as the pass's own rows adds none.
+    assert riders_that_fit(own, [batch(256), batch(12)], budget, CHEAP_TOKENS) == [1]
+    # With no fitted cost yet, only the padding counts: none may be added.
+    assert riders_that_fit(own, [batch(12), batch(16, 16)], budget) == [1]
+    # Nor with a fit that has no cost per token: it has not seen what padding costs.
+    rows_only = CostFit(intercept_s=0.010, per_row_s=0.002, per_token_s=0.0, samples=32)
+    assert riders_that_fit(own, [batch(256), batch(16)], budget, rows_only) == [1]
 
 
 def test_a_long_rider_that_would_pad_past_the_budget_is_passed_over_for_a_later_one() -> None:
     budget = BatchBudget(max_batch_size=32, max_batch_tokens=100)
     own = batch(10, 10, 10)
     # 4 rows padded to 40 = 160 tokens: over. The short one after it still fits.
-    assert riders_that_fit(own, [batch(40), batch(10)], budget) == [1]
+    assert riders_that_fit(own, [batch(40), batch(10)], budget, CHEAP_TOKENS) == [1]
     # An own batch already at its budget takes nothing.
-    assert riders_that_fit(batch(50, 50), [batch(1)], budget) == []
+    assert riders_that_fit(batch(50, 50), [batch(1)], budget, CHEAP_TOKENS) == []
 
 
 class SlowTask:
@@ -102,13 +122,14 @@ async def waiting_behind_a_held_slot(
 
 async def test_a_normal_pass_takes_the_waiting_batch_class_batch_along() -> None:
     batcher, task, recorder = replica()
-    normal = items([3, 2], NORMAL_BUDGET, "n")
-    bulk = items([4, 4, 1], BATCH_BUDGET, "b")
+    # Rows of one length: one pass pads none of them (the replica has no cost fit yet).
+    normal = items([4, 4], NORMAL_BUDGET, "n")
+    bulk = items([4, 4, 4], BATCH_BUDGET, "b")
     tasks = await waiting_behind_a_held_slot(
         batcher, (Priority.BATCH, bulk), (Priority.NORMAL, normal)
     )
-    assert await tasks[1] == [3, 2]
-    assert await tasks[0] == [4, 4, 1]
+    assert await tasks[1] == [4, 4]
+    assert await tasks[0] == [4, 4, 4]
     assert task.passes == [5]  # one pass, normal's, with both
     classes = batcher.passes._counters.report()["classes"]
     assert classes["normal"]["batches"] == 1 and classes["normal"]["riders_items"] == 3
@@ -131,6 +152,17 @@ async def test_without_shared_passes_each_class_runs_its_own() -> None:
     )
     assert [await t for t in tasks] == [[4], [3]]
     assert task.passes == [1, 1]
+
+
+async def test_a_long_batch_that_would_pad_the_pass_waits_its_turn() -> None:
+    batcher, task, _ = replica()
+    tasks = await waiting_behind_a_held_slot(
+        batcher,
+        (Priority.BATCH, items([64], BATCH_BUDGET, "b")),
+        (Priority.NORMAL, items([4, 4, 4], NORMAL_BUDGET, "n")),
+    )
+    assert [await t for t in tasks] == [[64], [4, 4, 4]]
+    assert task.passes == [3, 1]  # normal first, alone; the long text in its own pass
 
 
 async def test_a_batch_that_does_not_fit_the_leading_class_budget_waits_its_turn() -> None:
@@ -160,13 +192,13 @@ async def test_riders_get_their_results_when_the_leading_batch_is_cancelled() ->
     batcher, task, _ = replica()
     tasks = await waiting_behind_a_held_slot(
         batcher,
-        (Priority.BATCH, items([4, 5], BATCH_BUDGET, "b")),
-        (Priority.NORMAL, items([3], NORMAL_BUDGET, "n")),
+        (Priority.BATCH, items([4, 4], BATCH_BUDGET, "b")),
+        (Priority.NORMAL, items([4], NORMAL_BUDGET, "n")),
     )
     assert await asyncio.to_thread(task.started.wait, 5)  # the pass began, with the rider
     assert task.passes == [3]
     tasks[1].cancel()
-    assert await tasks[0] == [4, 5]
+    assert await tasks[0] == [4, 4]
     await asyncio.sleep(0.05)
     assert batcher.passes.gate.stats.running == 0
 

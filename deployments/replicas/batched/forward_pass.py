@@ -157,7 +157,7 @@ class ForwardPasses:
             return []
         slack = self._tuner.has_slack(priority.label)
         classes = [p for p in SHARING if not self.gate.keeps_out(p) and (p <= priority or slack)]
-        riders = self.waiting.take_along(items, items[0].budget, classes)
+        riders = self.waiting.take_along(items, items[0].budget, classes, self._tuner.cost.current)
         for rider in riders:
             self._give_back(rider.gate_turn)
         return riders

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deployments.core.batching.batch_budget import BatchBudget
+from deployments.core.batching.cost_model import CostFit
 from deployments.core.batching.shared_pass import riders_that_fit
 from deployments.core.priority import ALL_PRIORITIES, Priority
 
@@ -65,9 +66,11 @@ class WaitingBatches:
         own: Sequence[Any],
         budget: BatchBudget,
         classes: Sequence[Priority],
+        cost: CostFit | None = None,
     ) -> list[WaitingBatch]:
-        """The waiting batches of `classes` that fit beside `own` within `budget`, most
-        urgent class first and the oldest first within a class; each is marked taken."""
+        """The waiting batches of `classes` that fit beside `own` within `budget` and cost
+        (the replica's fitted `cost`) no more in one pass than apart, most urgent class first
+        and the oldest first within a class; each is marked taken."""
         order = {p: rank for rank, p in enumerate(ALL_PRIORITIES)}
         candidates = sorted(
             (b for b in self._waiting if b.priority in classes),
@@ -76,7 +79,7 @@ class WaitingBatches:
         if not candidates:
             return []
         picked = [
-            candidates[i] for i in riders_that_fit(own, [b.items for b in candidates], budget)
+            candidates[i] for i in riders_that_fit(own, [b.items for b in candidates], budget, cost)
         ]
         for batch in picked:
             self._waiting.remove(batch)
