@@ -246,8 +246,8 @@ def passes_between(admission: list[dict[str, Any]]) -> dict[str, dict[str, float
         out[label] = {
             "passes": passes,
             "inputs": grew("items"),
-            # Inputs of other classes its passes took along, and its own that rode in
-            # another class's passes (batching.shared_passes).
+            # Inputs of other waiting batches (its own class's too) its passes took along,
+            # and its own that rode in a pass another batch led (batching.shared_passes).
             "riders": riders,
             "carried": grew("carried_items"),
             "mean_inputs": round((grew("items") + riders) / passes, 2) if passes else 0.0,
@@ -316,7 +316,7 @@ def print_summary(summary: Mapping[str, Any]) -> None:
         print(
             f"  the embedder's {label} passes under the 2x load: {figures['passes']},"
             f" {figures['mean_inputs']} inputs each ({figures.get('riders', 0)} of other"
-            f" classes taken along; {figures.get('carried', 0)} of its own carried by others)"
+            f" batches taken along; {figures.get('carried', 0)} of its own carried by others)"
         )
     print("the whole run:")
     print_classes(summary["classes"])

@@ -2,8 +2,9 @@
 class, the items dropped before a pass by reason, and the last requests that lost some.
 
 Per class, `batches` are the passes the class led and `items` its own inputs in them;
-`carried_items` are its inputs that rode in another class's pass, `carried_batches` how
-many of its batches did, `riders_items` the other classes' inputs its passes took along.
+`carried_items` are its inputs that rode in a pass another batch led (of its own class or
+another), `carried_batches` how many of its batches did, `riders_items` the inputs of other
+waiting batches its passes took along (a normal pass takes other normal batches too).
 `mean_batch_size` is the mean size of the passes it led, riders included."""
 
 from __future__ import annotations
