@@ -50,10 +50,10 @@ def test_a_rider_that_pads_the_pass_past_two_passes_cost_is_left_for_its_own_tur
     own = batch(*[16] * 32)
     # One 256-token text would pad all 33 rows to 256: 8,448 tokens, 16x the own pass.
     assert riders_that_fit(own, [batch(256)], budget, CHEAP_TOKENS) == []
-    # A short one saves a pass's fixed cost for the little padding it adds; a rider as
-    # long as the pass's own rows adds none.
+    # A short one saves a pass's fixed cost for the little padding it adds.
     assert riders_that_fit(own, [batch(256), batch(12)], budget, CHEAP_TOKENS) == [1]
-    # With no fitted cost yet, only the padding counts: none may be added.
+    # With no fitted cost yet, only the padding counts: none may be added, and a rider as
+    # long as the pass's own rows adds none.
     assert riders_that_fit(own, [batch(12), batch(16, 16)], budget) == [1]
     # Nor with a fit that has no cost per token: it has not seen what padding costs.
     rows_only = CostFit(intercept_s=0.010, per_row_s=0.002, per_token_s=0.0, samples=32)

@@ -63,10 +63,10 @@ def _no_dearer(
     together: tuple[int, int], apart: Sequence[tuple[int, int]], cost: CostFit | None
 ) -> bool:
     """Whether one pass of `together` (rows, longest) costs at most the passes `apart`."""
-    prices_padding = cost is not None and cost.per_token_s > 0
+    pricing = cost if cost is not None and cost.per_token_s > 0 else None
 
     def seconds(rows: int, longest: int) -> float:
         padded = rows * longest
-        return cost.predict_s(rows, padded) if prices_padding and cost else float(padded)
+        return float(padded) if pricing is None else pricing.predict_s(rows, padded)
 
     return seconds(*together) <= sum(seconds(*shape) for shape in apart)
